@@ -1,0 +1,161 @@
+"""The agent loop: one episode of a text environment against a token-in/token-out engine.
+
+    prompt = render(first observation)
+    repeat up to max_turns:
+        completion = engine(prompt tokens)                     # action tokens, log-probs
+        obs, reward, terminated, truncated, info = env.step(assistant message)
+        if the episode ended: stop
+        prompt += completion tokens + bridge(obs)             # observation tokens
+
+Limits end an episode as *truncated* (``info["truncated_by"]`` says which): ``max_turns``, the
+trajectory's ``max_tokens`` budget, and the engine's context (``max_model_len``), including an
+engine that reports a context overflow. An engine failure after retries, or an exception from
+the environment, ends the episode as ``status="failed"`` with the cause; it never crashes the run
+and never loses the tokens sampled so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+
+from .chat import ChatRenderer
+from .client import CompletionClient, SamplingParams
+from .errors import ContextOverflowError, EngineError
+from .records import Completion, Trajectory, TurnRecord
+from .tools import assistant_message
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_turns: int = 8
+    max_tokens: int = 1024  # generated tokens per trajectory, all turns together
+    max_tokens_per_turn: int | None = None  # None: whatever is left of max_tokens
+    max_model_len: int = 4096  # the engine's context window
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class _Episode:
+    """The growing token sequence of one episode."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.action_mask: list[int] = []
+        self.logprobs: list[float] = []
+
+    def observe(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.action_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def act(self, completion: Completion) -> None:
+        self.token_ids += completion.token_ids
+        self.action_mask += [1] * len(completion.token_ids)
+        self.logprobs += completion.logprobs
+
+
+async def run_episode(
+    env: gym.Env,
+    client: CompletionClient,
+    renderer: ChatRenderer,
+    cfg: LoopConfig,
+    *,
+    env_name: str,
+    task_id: str,
+    sample: int = 0,
+    seed: int | None = None,
+    episode_id: str | None = None,
+) -> Trajectory:
+    """Run one episode to its end; always returns a :class:`Trajectory` (failures included)."""
+    t0 = time.monotonic()
+    ep = _Episode()
+    turns: list[TurnRecord] = []
+    history: list[dict[str, Any]] = []  # what the template renders (assistant turns as sampled text)
+    transcript: list[dict[str, Any]] = []  # what the env saw (assistant turns as parsed actions)
+    reward, terminated, truncated = 0.0, False, False
+    info: dict[str, Any] = {}
+    status, error, truncated_by = "ok", None, None
+    tools_offered = bool(getattr(env.unwrapped, "tools", ()))
+    per_turn = cfg.max_tokens_per_turn or cfg.max_tokens
+    generated = 0
+    try:
+        obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task_id": task_id})
+        history += obs
+        transcript += obs
+        ep.observe(renderer.prompt(obs))
+        for turn in range(cfg.max_turns):
+            room = min(per_turn, cfg.max_tokens - generated, cfg.max_model_len - len(ep.token_ids))
+            if room <= 0:
+                truncated_by = "max_tokens" if generated >= cfg.max_tokens else "context"
+                break
+            params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
+                                    seed=None if seed is None else seed * 1000 + turn)
+            t_start = time.monotonic() - t0
+            attempts_before = getattr(client, "attempts", 0)
+            try:
+                completion = await client.complete(ep.token_ids, params)
+            except ContextOverflowError:
+                truncated_by = "context"
+                break
+            turns.append(TurnRecord(len(ep.token_ids), len(completion.token_ids), completion.finish_reason,
+                                    completion.weight_version, t_start, time.monotonic() - t0,
+                                    max(1, getattr(client, "attempts", 1) - attempts_before)))
+            ep.act(completion)
+            generated += len(completion.token_ids)
+            action = assistant_message(completion.text, tools_offered=tools_offered, turn=turn)
+            obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            reward += r
+            bridge_history = list(history)
+            history += [{"role": "assistant", "content": completion.text}, *obs]
+            transcript += [action, *obs]
+            if terminated or truncated:
+                break
+            ep.observe(renderer.bridge(bridge_history, completion, obs))
+        else:
+            truncated_by = "max_turns"
+    except EngineError as exc:
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    if truncated_by is not None:
+        truncated = True
+        info = {**info, "truncated_by": truncated_by}
+    if status == "failed" or truncated_by is not None:
+        info = {"correct": False, "answer": None, **info, "error": error or info.get("error")}
+    return Trajectory(
+        episode_id=episode_id or uuid.uuid4().hex,
+        env=env_name,
+        task_id=task_id,
+        sample=sample,
+        seed=seed,
+        token_ids=tuple(ep.token_ids),
+        action_mask=tuple(ep.action_mask),
+        logprobs=tuple(ep.logprobs),
+        turns=tuple(turns),
+        messages=tuple(transcript),
+        reward=reward,
+        terminated=terminated and status == "ok",
+        truncated=truncated,
+        status=status,
+        error=error,
+        info=_jsonable(info),
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in info.items():
+        out[k] = v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+    return out

@@ -1,0 +1,110 @@
+"""Typed records that cross the boundary between rollout and learner.
+
+A :class:`Trajectory` holds ONE exact token sequence for the whole episode: the first prompt,
+then each turn's sampled tokens (action tokens) and the environment's reply rendered through the
+chat template (observation tokens). Turn ``k``'s prompt is exactly ``token_ids[:turns[k].prompt_len]``,
+the bytes the engine saw, so the learner never re-tokenizes text and cannot drift from what was
+sampled. Shapes below use ``T`` for the number of tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sao.envs import Message
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What the engine returned for one request. ``logprobs[i]`` belongs to ``token_ids[i]``."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: str  # "stop" | "length" | ...
+    prompt_ids: tuple[int, ...] | None = None  # the prompt as the server echoed it, when it does
+    weight_version: str | None = None  # the engine's weight version, when it reports one
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """Metadata of one model call. Its completion is ``token_ids[prompt_len:prompt_len + completion_len]``."""
+
+    prompt_len: int
+    completion_len: int
+    finish_reason: str
+    weight_version: str | None
+    t_start: float  # seconds since the episode started
+    t_end: float
+    attempts: int = 1  # HTTP attempts, retries included
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode, ready for a learner.
+
+    token_ids:   [T] the whole episode's tokens.
+    action_mask: [T] 1 where the policy sampled the token, 0 for prompt/observation tokens.
+    logprobs:    [T] the sampling engine's log-prob at action tokens, 0.0 elsewhere.
+    reward:      the environment's total reward (given at the last action token).
+    status:      "ok" (the episode ran to an end state or a limit) or "failed" (``error`` says why;
+                 an engine failure, say). A failed episode is data: it is recorded, never dropped.
+    """
+
+    episode_id: str
+    env: str
+    task_id: str
+    sample: int
+    seed: int | None
+    token_ids: tuple[int, ...]
+    action_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    turns: tuple[TurnRecord, ...]
+    messages: tuple[Message, ...]
+    reward: float
+    terminated: bool
+    truncated: bool
+    status: str
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.action_mask) != n or len(self.logprobs) != n:
+            raise ValueError(f"token_ids, action_mask and logprobs differ in length "
+                             f"({n}, {len(self.action_mask)}, {len(self.logprobs)})")
+
+    @property
+    def correct(self) -> bool:
+        return bool(self.info.get("correct", False))
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+    @property
+    def weight_versions(self) -> tuple[str | None, ...]:
+        return tuple(t.weight_version for t in self.turns)
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record["schema"] = SCHEMA_VERSION
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        record = json.loads(line)
+        record.pop("schema", None)
+        record["turns"] = tuple(TurnRecord(**t) for t in record["turns"])
+        for key in ("token_ids", "action_mask", "logprobs", "messages"):
+            record[key] = tuple(record[key])
+        return cls(**record)

@@ -1,0 +1,1 @@
+"""Hydra configuration files (YAML only)."""

@@ -1,0 +1,122 @@
+"""Environment names: built-ins and third-party plug-ins, registered with Gymnasium.
+
+Every environment has a versioned Gymnasium id (``sao/BeyondAIME-v0``) and a short name for the
+CLI (``beyond-aime``). Third-party packages add environments through the entry-point group
+``sao.envs``; the entry point's name is the short name and its object is either an
+:class:`EnvEntry` or a callable that returns a ``gymnasium.Env``::
+
+    [project.entry-points."sao.envs"]
+    countdown = "my_pkg.envs:CountdownEnv"      # gymnasium id: plugin/countdown-v0
+
+Registration with Gymnasium is idempotent; :func:`entries` performs it on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import gymnasium as gym
+
+from .errors import UnknownEnvError, did_you_mean
+
+log = logging.getLogger(__name__)
+GROUP = "sao.envs"
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One environment: ``name`` for the CLI, ``gym_id`` for ``gymnasium.make``."""
+
+    name: str
+    gym_id: str
+    entry_point: str | Callable[..., gym.Env]
+    description: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+
+
+BUILTINS = (
+    EnvEntry("arithmetic", "sao/Arithmetic-v0", "sao.envs.arithmetic:arithmetic",
+             "generated + - * / problems; seeded, endless, with a difficulty knob"),
+    EnvEntry("beyond-aime", "sao/BeyondAIME-v0", "sao.envs.math_envs:beyond_aime",
+             "BeyondAIME: 100 olympiad problems with integer answers"),
+    EnvEntry("imo-answerbench", "sao/IMO-AnswerBench-v0", "sao.envs.math_envs:imo_answerbench",
+             "IMO-AnswerBench v2: 400 problems with short answers"),
+)
+
+
+@dataclass
+class _Catalog:
+    entries: dict[str, EnvEntry]
+    broken: dict[str, str]  # plug-in name -> why it could not be loaded
+
+
+_catalog: _Catalog | None = None
+
+
+def _load() -> _Catalog:
+    global _catalog
+    if _catalog is None:
+        entries = {e.name: e for e in BUILTINS}
+        broken: dict[str, str] = {}
+        for ep in entry_points(group=GROUP):
+            try:
+                entry = _entry_from_plugin(ep.name, ep.load())
+            except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the others
+                broken[ep.name] = f"plug-in {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}"
+                log.warning(broken[ep.name])
+                continue
+            if entry.name in entries:
+                log.warning("plug-in %r shadows an existing environment name; ignored", ep.name)
+                continue
+            entries[entry.name] = entry
+        for entry in entries.values():
+            if entry.gym_id not in gym.registry:
+                gym.register(id=entry.gym_id, entry_point=entry.entry_point, kwargs=dict(entry.kwargs),
+                             max_episode_steps=entry.max_episode_steps, disable_env_checker=True)
+        _catalog = _Catalog(entries, broken)
+    return _catalog
+
+
+def _entry_from_plugin(name: str, obj: Any) -> EnvEntry:
+    if isinstance(obj, EnvEntry):
+        return obj if obj.name == name else EnvEntry(name, obj.gym_id, obj.entry_point, obj.description,
+                                                      obj.kwargs, obj.max_episode_steps)
+    if callable(obj):
+        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        return EnvEntry(name, getattr(obj, "gym_id", f"plugin/{name}-v0"), obj, doc[0] if doc else "")
+    raise TypeError(f"expected an EnvEntry or a callable returning a gymnasium.Env, got {type(obj).__name__}")
+
+
+def entries() -> dict[str, EnvEntry]:
+    """All known environments by short name (built-ins first, then plug-ins)."""
+    return dict(_load().entries)
+
+
+def resolve(name: str) -> EnvEntry:
+    """Find an environment by short name or Gymnasium id."""
+    catalog = _load()
+    if name in catalog.entries:
+        return catalog.entries[name]
+    for entry in catalog.entries.values():
+        if entry.gym_id == name:
+            return entry
+    if name in catalog.broken:
+        raise UnknownEnvError(catalog.broken[name])
+    known = sorted(catalog.entries) + sorted(e.gym_id for e in catalog.entries.values())
+    raise UnknownEnvError(f"unknown environment {name!r}.{did_you_mean(name, known)} Known: {', '.join(sorted(catalog.entries))}")
+
+
+def make(name: str, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make`` by short name or id. Our own ``check_env`` replaces Gymnasium's checker."""
+    return gym.make(resolve(name).gym_id, disable_env_checker=True, **kwargs)
+
+
+def reload_plugins() -> None:
+    """Forget the catalogue so that the next call re-reads the entry points (after installing a plug-in)."""
+    global _catalog
+    _catalog = None

@@ -1,0 +1,131 @@
+"""``sao-eval BENCHMARK``: evaluate a model on a benchmark (thin entry point over :mod:`.runner`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from sao.agents import AgentError, Trajectory
+from sao.envs import EnvError, entries
+
+from .runner import EvalConfig, EvalError, evaluate
+
+console = Console(stderr=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    names = ", ".join(sorted(entries()))
+    p = argparse.ArgumentParser(
+        prog="sao-eval",
+        description=f"Evaluate a model on a benchmark. Benchmarks: {names}.",
+        epilog="With no --base-url, the model is served by a local vLLM started for this run.",
+    )
+    p.add_argument("benchmark", help=f"benchmark name ({names}) or gymnasium id")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="model alias (see `sao-model list`), local checkpoint directory, or Hugging Face id; "
+                        "with --base-url, the served model name (default: smollm2-135m)")
+    p.add_argument("--base-url", help="use this OpenAI-compatible endpoint (e.g. http://host:8000/v1) instead of a local vLLM")
+    p.add_argument("--api-key", help="API key for --base-url")
+    p.add_argument("--tokenizer", help="tokenizer directory or id (default: the model)")
+    p.add_argument("--data", help="local dataset file (jsonl, json, csv, parquet) or URL instead of the hub default")
+    p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
+    p.add_argument("--limit", type=int, help="only the first N tasks (arithmetic, being endless, defaults to 100)")
+    p.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="generated tokens per episode, all turns (default 1024)")
+    p.add_argument("--max-turns", type=int, default=8, help="model calls per episode (default 8)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="keyword argument for the environment, value parsed as JSON when it can be "
+                        "(e.g. --env-arg difficulty=0.5); repeatable")
+    p.add_argument("--output", type=Path, help="output folder (default runs/eval/BENCHMARK-TIMESTAMP)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def _env_args(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise EvalError(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.resume and args.output is None:
+        console.print("[red]error:[/] --resume needs --output")
+        return 2
+    output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        cfg = EvalConfig(
+            benchmark=args.benchmark, output=output, model=args.model, base_url=args.base_url, api_key=args.api_key,
+            tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
+            concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
+            max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
+            resume=args.resume, env_args=_env_args(args.env_arg),
+        )
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=console, transient=False) as bar:
+            state = {"n": 0, "c": 0}
+
+            def start(total: int, already: int):
+                task = bar.add_task(cfg.benchmark, total=total, completed=already, acc="-")
+
+                def done(t: Trajectory) -> None:
+                    state["n"] += 1
+                    state["c"] += t.correct
+                    bar.update(task, advance=1, acc=f"{state['c'] / state['n']:.3f}")
+
+                return done
+
+            summary = evaluate(cfg, progress=start)
+    except (EvalError, EnvError, AgentError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]; finished episodes are in {output}; continue with --resume")
+        return 130
+    _print_summary(summary, output)
+    if summary["n_failed"]:
+        console.print(f"[yellow]{summary['n_failed']} episode(s) failed (see 'error' in trajectories.jsonl); "
+                      "run again with --resume to retry them[/]")
+        return 1
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], output: Path) -> None:
+    table = Table(title=f"{summary['benchmark']} - {summary['model']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("tasks x samples", f"{summary['n_tasks']} x {summary['samples_per_task']}")
+    for k, v in summary["pass@k"].items():
+        table.add_row(f"pass@{k}", f"{v:.4f}")
+    for key in ("graded_by_fallback", "n_failed", "n_truncated", "tokens_generated", "wall_s"):
+        table.add_row(key, str(summary[key]))
+    Console().print(table)
+    console.print(f"outputs in {output}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

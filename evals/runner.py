@@ -1,0 +1,221 @@
+"""Evaluate a model on a benchmark: every (task, sample) pair is one episode of the agent loop.
+
+Outputs in ``output/``:
+* ``trajectories.jsonl``, one line per episode, appended as episodes finish;
+* ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
+* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, ...
+* ``run.json``: the configuration, checked on ``--resume``;
+* ``vllm.log`` when a local engine was started.
+
+Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
+``status == "ok"``; failed episodes (engine errors) are run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy, Trajectory, run_episode
+from sao.agents.endpoint import Endpoint, open_endpoint
+from sao.agents.store import TrajectoryWriter, read_trajectories
+from sao.envs import make, resolve
+
+from .metrics import mean_pass_at_k
+
+log = logging.getLogger(__name__)
+
+# Fields that must match between a run and its --resume; the rest (concurrency, ...) may change.
+_IDENTITY = ("benchmark", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns", "seed",
+             "env_args")
+
+
+class EvalError(Exception):
+    """A configuration or output-folder problem that the user must fix."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    benchmark: str
+    output: Path
+    model: str = "smollm2-135m"
+    base_url: str | None = None
+    api_key: str | None = None
+    tokenizer: str | None = None
+    data: str | None = None
+    samples: int = 1
+    limit: int | None = None
+    concurrency: int = 32
+    temperature: float = 1.0
+    max_tokens: int = 1024
+    max_turns: int = 8
+    max_model_len: int = 4096
+    seed: int = 0
+    timeout_s: float = 600.0
+    resume: bool = False
+    env_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "concurrency", "max_tokens", "max_turns"):
+            if getattr(self, name) < 1:
+                raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise EvalError(f"--limit must be >= 1, got {self.limit}")
+
+    def identity(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: d[k] for k in _IDENTITY}
+
+
+def episode_seed(seed: int, task_index: int, sample: int) -> int:
+    return (seed * 1_000_003 + task_index * 1_009 + sample) % 2**31
+
+
+def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
+    """Resolve the benchmark and list its task ids; fails fast on a bad name or a broken dataset."""
+    entry = resolve(cfg.benchmark)
+    kwargs = dict(cfg.env_args)
+    if cfg.data is not None:
+        kwargs["data"] = cfg.data
+    env = make(entry.name, **kwargs)
+    try:
+        limit = cfg.limit
+        if limit is None and entry.name == "arithmetic":
+            limit = 100
+        ids = env.unwrapped.task_ids(limit)
+    finally:
+        env.close()
+    if not ids:
+        raise EvalError(f"{cfg.benchmark}: no tasks")
+    return ids, kwargs
+
+
+def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
+    """Check the output folder against ``--resume``; return the pairs already done."""
+    cfg.output.mkdir(parents=True, exist_ok=True)
+    run_file, traj_file = cfg.output / "run.json", cfg.output / "trajectories.jsonl"
+    if not cfg.resume:
+        if traj_file.exists() and traj_file.stat().st_size > 0:
+            raise EvalError(f"{cfg.output} already holds trajectories; pass --resume to continue that run, "
+                            "or choose another --output")
+        run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
+        return set()
+    if run_file.exists():
+        before = json.loads(run_file.read_text())
+        changed = {k: (before.get(k), v) for k, v in cfg.identity().items() if before.get(k) != v}
+        if changed:
+            diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise EvalError(f"--resume with a different configuration than {run_file} ({diff})")
+    else:
+        run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
+    return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if t.status == "ok"}
+
+
+async def run_pairs(
+    cfg: EvalConfig,
+    endpoint: Endpoint,
+    env_kwargs: dict[str, Any],
+    pairs: list[tuple[int, str, int]],
+    writer: TrajectoryWriter,
+    on_done: Callable[[Trajectory], None] = lambda t: None,
+) -> None:
+    """Run the (task index, task id, sample) pairs with bounded concurrency, writing each as it ends."""
+    from transformers import AutoTokenizer
+
+    env_name = resolve(cfg.benchmark).name
+    tokenizer = AutoTokenizer.from_pretrained(endpoint.tokenizer)
+    client = OpenAICompletionClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key,
+                                    timeout_s=cfg.timeout_s, retry=RetryPolicy(), max_connections=cfg.concurrency)
+    loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, max_model_len=endpoint.max_model_len,
+                          temperature=cfg.temperature)
+    semaphore = asyncio.Semaphore(cfg.concurrency)
+    renderers: dict[tuple[str, ...], ChatRenderer] = {}
+
+    async def one(index: int, task_id: str, sample: int) -> None:
+        async with semaphore:
+            env = make(env_name, **env_kwargs)
+            try:
+                tools = tuple(getattr(env.unwrapped, "tools", ()))
+                key = tuple(json.dumps(t, sort_keys=True) for t in tools)
+                renderer = renderers.setdefault(key, ChatRenderer(tokenizer, tools))
+                trajectory = await run_episode(env, client, renderer, loop_cfg, env_name=env_name, task_id=task_id,
+                                               sample=sample, seed=episode_seed(cfg.seed, index, sample))
+            finally:
+                await asyncio.to_thread(env.close)
+            writer.write(trajectory)
+            on_done(trajectory)
+
+    try:
+        await asyncio.gather(*(one(i, t, s) for i, t, s in pairs))
+    finally:
+        await client.aclose()
+
+
+def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Build results and summary from every trajectory on disk (the latest per pair wins)."""
+    latest: dict[tuple[str, int], Trajectory] = {}
+    for t in read_trajectories(cfg.output / "trajectories.jsonl"):
+        if latest.get((t.task_id, t.sample)) is None or latest[(t.task_id, t.sample)].status != "ok":
+            latest[(t.task_id, t.sample)] = t
+    results, outcomes, fallback = [], [], 0
+    for task_id in task_ids:
+        runs = [latest.get((task_id, s)) for s in range(cfg.samples)]
+        correct = [bool(r is not None and r.status == "ok" and r.correct) for r in runs]
+        results.append({"task_id": task_id, "correct": correct})
+        outcomes.append(correct)
+        fallback += any(r is not None and r.info.get("graded_by") == "fallback" for r in runs)
+    done = [t for t in latest.values() if t.task_id in set(task_ids)]
+    tokens = sum(t.num_action_tokens for t in done)
+    pass_k = mean_pass_at_k(outcomes)
+    summary = {
+        "benchmark": cfg.benchmark,
+        "model": cfg.model,
+        "n_tasks": len(task_ids),
+        "samples_per_task": cfg.samples,
+        "pass@1": pass_k.get("1", 0.0),
+        "pass@k": pass_k,
+        "graded_by_fallback": fallback,
+        "tokens_generated": tokens,
+        "wall_s": round(wall_s, 3),
+        "n_episodes": len(done),
+        "n_missing": len(task_ids) * cfg.samples - len(done),
+        "n_failed": sum(t.status == "failed" for t in done),
+        "n_truncated": sum(t.truncated for t in done),
+        "mean_reward": sum(t.reward for t in done) / len(done) if done else 0.0,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_tokens,
+        "seed": cfg.seed,
+        "data": cfg.data,
+    }
+    return summary, results
+
+
+def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    with (cfg.output / "results.jsonl").open("w", encoding="utf-8") as fh:
+        for row in results:
+            fh.write(json.dumps(row) + "\n")
+    (cfg.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajectory], None]] | None = None
+             ) -> dict[str, Any]:
+    """Run (or resume) an evaluation and write its outputs. ``progress(total, done)`` returns a per-episode hook."""
+    t0 = time.monotonic()
+    task_ids, env_kwargs = plan(cfg)
+    done = prepare_output(cfg)
+    pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
+    if pairs:
+        with open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
+                           max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log") as endpoint, \
+                TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
+            hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
+            asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))
+    summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
+    write_outputs(cfg, summary, results)
+    return summary

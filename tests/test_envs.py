@@ -1,0 +1,154 @@
+"""The environment API: registry, Gymnasium contract (check_env over every env), math envs, datasets."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import sao.envs as E
+from sao.envs.arithmetic import ArithmeticTasks, make_task
+from sao.envs.datasets import load_rows
+from tests.conftest import SHARED_DATA, shared_file
+
+# Data-backed environments get the local copies when present; otherwise they would go to the hub.
+LOCAL_DATA = {"beyond-aime": "beyond_aime.jsonl", "imo-answerbench": "answerbench_v2.csv"}
+
+
+def _env_kwargs(name: str) -> dict:
+    if name in LOCAL_DATA:
+        return {"data": str(shared_file(LOCAL_DATA[name]))}
+    return {}
+
+
+@pytest.mark.parametrize("name", sorted(E.entries()))
+def test_every_registered_env_conforms(name):
+    E.check_env(E.make(name, **_env_kwargs(name)))
+
+
+def test_gymnasium_ids_and_short_names():
+    ids = {e.name: e.gym_id for e in E.entries().values()}
+    assert ids["beyond-aime"] == "sao/BeyondAIME-v0"
+    assert ids["imo-answerbench"] == "sao/IMO-AnswerBench-v0"
+    assert ids["arithmetic"] == "sao/Arithmetic-v0"
+    env = gym.make("sao/Arithmetic-v0", disable_env_checker=True)
+    assert env.spec.id == "sao/Arithmetic-v0"
+    assert E.resolve("sao/BeyondAIME-v0").name == "beyond-aime"
+
+
+def test_unknown_env_suggests_closest():
+    with pytest.raises(E.UnknownEnvError, match="Did you mean 'beyond-aime'"):
+        E.resolve("beyond-aim")
+
+
+def test_check_env_reports_violations():
+    class Broken(E.TextEnv):
+        def task_ids(self, limit=None):
+            return ["a"]
+
+        def _begin(self, task_id):
+            return [{"role": "user", "content": "hi"}], {"task_id": "a"}
+
+        def _respond(self, action):  # ends without `correct`, and the base class catches that
+            return [], 0.0, True, False, {"answer": None, "error": None}
+
+    with pytest.raises(E.EnvConformanceError) as err:
+        E.check_env(Broken())
+    text = str(err.value)
+    assert "unknown task_id did not raise" in text
+    assert "correct" in text
+
+
+def test_reset_selects_task_and_step_grades():
+    env = E.make("arithmetic")
+    obs, info = env.reset(options={"task_id": "mul-d2-s0-i5"})
+    task = make_task("mul", 2, 0, 5)
+    assert info["task_id"] == "mul-d2-s0-i5" and task.problem in obs[-1]["content"]
+    obs, reward, terminated, truncated, info = env.step(f"so the result is \\boxed{{{task.answer}}}")
+    assert (obs, reward, terminated, truncated) == ([], 1.0, True, False)
+    assert info["correct"] is True and info["answer"] == task.answer and info["error"] is None
+    with pytest.raises(RuntimeError):
+        env.step("again")
+
+
+def test_feedback_turns_make_a_multi_turn_episode():
+    env = E.make("arithmetic", feedback_turns=1)
+    env.reset(options={"task_id": "add-d1-s0-i0"})
+    gold = make_task("add", 1, 0, 0).answer
+    obs, reward, terminated, _, _ = env.step("no idea")
+    assert not terminated and reward == 0.0 and "could not find a final answer" in obs[0]["content"]
+    obs, reward, terminated, _, info = env.step(f"\\boxed{{{gold}}}")
+    assert terminated and reward == 1.0 and info["attempts"] == 2
+
+
+def test_malformed_action_is_an_error_not_a_reward():
+    env = E.make("arithmetic")
+    env.reset(seed=1)
+    with pytest.raises(ValueError, match="assistant message"):
+        env.step({"role": "user", "content": "\\boxed{1}"})
+
+
+def test_arithmetic_is_seeded_and_difficulty_moves_digits():
+    # The same seed lists the same tasks; a task id rebuilds the same problem.
+    assert ArithmeticTasks(seed=3).ids(20) == ArithmeticTasks(seed=3).ids(20)
+    assert ArithmeticTasks(seed=3).ids(20) != ArithmeticTasks(seed=4).ids(20)
+    t = ArithmeticTasks().get("div-d3-s0-i9")
+    a, b = (int(x) for x in t.problem.removeprefix("What is ").removesuffix("?").split(" / "))
+    assert a == b * int(t.answer) and 100 <= b <= 999
+    # difficulty 0 -> 1 digit; 1 -> max_digits; 0.5 with max 3 -> level 2 exactly.
+    for difficulty, digits in ((0.0, {1}), (1.0, {3}), (0.5, {2})):
+        ids = ArithmeticTasks(seed=0, difficulty=difficulty, max_digits=3).ids(50)
+        assert {int(i.split("-")[1][1:]) for i in ids} == digits
+    # level 1.5: a mix of 1 and 2 digits
+    mixed = {int(i.split("-")[1][1:]) for i in ArithmeticTasks(difficulty=0.25, max_digits=3).ids(200)}
+    assert mixed == {1, 2}
+    with pytest.raises(ValueError):
+        ArithmeticTasks(ops="+^")
+    only_add = ArithmeticTasks(ops="+").ids(10)
+    assert all(i.startswith("add-") for i in only_add)
+
+
+def test_datasets_load_and_count():
+    aime = E.make("beyond-aime", data=str(shared_file("beyond_aime.jsonl")))
+    assert len(aime.unwrapped.task_ids()) == 100
+    imo = E.make("imo-answerbench", data=str(shared_file("answerbench_v2.csv")))
+    ids = imo.unwrapped.task_ids()
+    assert len(ids) == 400 and ids[0] == "imo-bench-algebra-001"
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "csv", "parquet"])
+def test_missing_field_names_file_row_and_field(tmp_path, suffix):
+    import pandas as pd
+
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}, {"problem": "3+3?", "answer": ""}]
+    path = tmp_path / f"bad.{suffix}"
+    frame = pd.DataFrame(rows)
+    if suffix == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]) + json.dumps({"problem": "3+3?"}) + "\n")
+    elif suffix == "json":
+        path.write_text(json.dumps(rows))
+    elif suffix == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path)
+    with pytest.raises(E.DatasetError) as err:
+        E.make("beyond-aime", data=str(path))
+    message = str(err.value)
+    assert str(path) in message and "row 3" in message and "'answer'" in message
+
+
+def test_bad_json_line_and_missing_file(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"problem": "a", "answer": "1"}\n{not json\n')
+    with pytest.raises(E.DatasetError, match="line 2 is not valid JSON"):
+        load_rows(path)
+    with pytest.raises(E.DatasetError, match="no such file"):
+        load_rows(tmp_path / "nope.csv")
+
+
+def test_imo_v2_rows_are_read_verbatim():
+    rows = load_rows(shared_file("answerbench_v2.csv"))
+    assert len(rows) == 400
+    assert rows[1]["Short Answer"] == "$\\left\\lfloor \\log_{2}a\\right\\rfloor +1$."
+    assert SHARED_DATA.exists()
