@@ -21,7 +21,7 @@ import numpy as np
 from .core import Message, TextEnv
 from .datasets import load_rows, require_fields
 from .errors import DatasetError, TaskError, did_you_mean
-from .grading import extract_answer, fallback_needed, grade
+from .grading import extract_answer, grade
 
 BEYOND_AIME_SOURCE = "ByteDance-Seed/BeyondAIME"
 # IMO-AnswerBench has no official hub dataset; upstream publishes the CSV in its repository.
@@ -174,7 +174,6 @@ def _answerbench_tasks(source: str, split: str, _stamp: float) -> TaskList:
             str(r["Problem"]).strip(),
             str(r["Short Answer"]).strip(),
             family=str(r.get("Category") or "math"),
-            meta={"fallback": fallback_needed(str(r["Short Answer"]))},
         )
         for r in rows
     ]

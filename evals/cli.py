@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.resume and args.output is None:
-        console.print("[red]error:[/] --resume needs --output")
+        print("error: --resume needs --output", file=sys.stderr)
         return 2
     output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = evaluate(cfg, progress=start)
     except (EvalError, EnvError, AgentError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]; finished episodes are in {output}; continue with --resume")

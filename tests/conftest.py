@@ -38,3 +38,19 @@ def smollm2_dir() -> Path:
         return Path(resolve_model("smollm2-135m"))
     except Exception as exc:  # noqa: BLE001
         _require("the bundled model", f"it is not prepared ({exc})")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir, tmp_path_factory):
+    """One real vLLM server with the bundled model for the whole session (start-up is 60-90 s on 2 cores)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        _require("vLLM", f"it does not import ({exc})")
+    from sao.agents.engine import VLLMServer, VLLMServerConfig
+
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    config = VLLMServerConfig(model=str(smollm2_dir), served_model_name="smollm2-135m", max_model_len=2048,
+                              kv_cache_gib=1.0, log_path=log)
+    with VLLMServer(config) as server:
+        yield server
