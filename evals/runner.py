@@ -210,12 +210,16 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     task_ids, env_kwargs = plan(cfg)
     done = prepare_output(cfg)
     pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
+    rollout_s = 0.0
     if pairs:
         with open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
                            max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log") as endpoint, \
                 TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
+            t_rollout = time.monotonic()
             asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))
+            rollout_s = time.monotonic() - t_rollout
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
+    summary["rollout_s"] = round(rollout_s, 3)  # this invocation's episodes only, engine start-up excluded
     write_outputs(cfg, summary, results)
     return summary
