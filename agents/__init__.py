@@ -1,23 +1,34 @@
-"""The agent loop and what it talks to: the token-in/token-out client, chat rendering, engines."""
+"""The agent loop and what it talks to: the token-in/token-out client, chat rendering, engines.
 
-from .chat import ByteTokenizer, ChatRenderer, Tokenizer
-from .client import CompletionClient, OpenAICompletionClient, RetryPolicy, SamplingParams
-from .errors import (
-    AgentError,
-    ContextOverflowError,
-    EngineError,
-    EngineRequestError,
-    EngineResponseError,
-    EngineStartError,
-    EngineUnavailableError,
-    RenderError,
-)
-from .loop import LoopConfig, run_episode
-from .records import Completion, Trajectory, TurnRecord
+Names are imported on first use (PEP 562), so that light entry points such as ``sao-model``
+do not pay for the OpenAI SDK and the environments at start-up.
+"""
 
-__all__ = [
-    "AgentError", "ByteTokenizer", "ChatRenderer", "Completion", "CompletionClient", "ContextOverflowError",
-    "EngineError", "EngineRequestError", "EngineResponseError", "EngineStartError", "EngineUnavailableError",
-    "LoopConfig", "OpenAICompletionClient", "RenderError", "RetryPolicy", "SamplingParams", "Tokenizer",
-    "Trajectory", "TurnRecord", "run_episode",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    ".chat": ("ByteTokenizer", "ChatRenderer", "Tokenizer"),
+    ".client": ("CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams"),
+    ".errors": ("AgentError", "ContextOverflowError", "EngineError", "EngineRequestError", "EngineResponseError",
+                "EngineStartError", "EngineUnavailableError", "RenderError"),
+    ".loop": ("LoopConfig", "run_episode"),
+    ".records": ("Completion", "Trajectory", "TurnRecord"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -47,6 +47,8 @@ def make_task(op: str, digits: int, seed: int, index: int) -> MathTask:
 class ArithmeticTasks:
     """An endless task source. ``ids(limit)`` lists the first ``limit`` tasks of the seed's stream."""
 
+    endless = True
+
     def __init__(self, seed: int = 0, difficulty: float = 0.0, ops: str = "+-*/", max_digits: int = 4):
         bad = sorted(set(ops) - set(OPS))
         if bad or not ops:

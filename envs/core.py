@@ -112,7 +112,8 @@ def as_action(action: Any) -> Message:
 class TextEnv(gym.Env):
     """Base class for multi-turn text environments. Subclasses implement the task logic.
 
-    Class attributes: ``tools`` (OpenAI tool schemas offered to the agent; empty = no tools).
+    Class attributes: ``tools`` (OpenAI tool schemas offered to the agent; empty = no tools) and
+    ``endless`` (the task source is generated and never runs out).
     Subclasses implement :meth:`task_ids`, :meth:`_begin` and :meth:`_respond`.
     """
 
@@ -120,6 +121,7 @@ class TextEnv(gym.Env):
     observation_space = MessagesSpace()
     action_space = AssistantMessageSpace()
     tools: tuple[dict[str, Any], ...] = ()
+    endless: bool = False  # True when task_ids() needs a limit (generated tasks)
 
     def __init__(self, render_mode: str | None = None):
         if render_mode not in (None, "ansi"):

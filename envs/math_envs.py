@@ -93,6 +93,7 @@ class MathEnv(TextEnv):
         if feedback_turns < 0:
             raise ValueError(f"feedback_turns must be >= 0, got {feedback_turns}")
         self.tasks = tasks
+        self.endless = bool(getattr(tasks, "endless", False))
         self.integer_answers = integer_answers
         self.system_prompt = system_prompt
         self.instruction = instruction

@@ -36,6 +36,9 @@ _IDENTITY = ("benchmark", "model", "data", "samples", "limit", "temperature", "m
              "env_args")
 
 
+ENDLESS_DEFAULT_LIMIT = 100  # tasks evaluated from an endless source (arithmetic) when --limit is not given
+
+
 class EvalError(Exception):
     """A configuration or output-folder problem that the user must fix."""
 
@@ -86,8 +89,8 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
     env = make(entry.name, **kwargs)
     try:
         limit = cfg.limit
-        if limit is None and entry.name == "arithmetic":
-            limit = 100
+        if limit is None and getattr(env.unwrapped, "endless", False):
+            limit = ENDLESS_DEFAULT_LIMIT
         ids = env.unwrapped.task_ids(limit)
     finally:
         env.close()

@@ -1,1 +1,31 @@
-"""Sandboxes where agent code runs (Docker, local). Arrives with part 2 of the roadmap; nothing here yet."""
+"""Sandboxes where agent-written commands run: Docker, local (bubblewrap) and scripted fakes.
+
+Everything implements the small :class:`Sandbox` protocol (``run``, ``read_file``,
+``write_file``, ``list_dir``, ``close``) and is interchangeable; commands return an
+:class:`ExecResult` (a timeout is a result, not an exception), resources are bounded by
+:class:`SandboxLimits`, and :class:`SandboxPool` hands out fresh sandboxes to concurrent
+episodes. The error model is written in :mod:`sao.sandboxes.errors`.
+
+This package is a leaf: it imports nothing else of ``sao``.
+"""
+
+from .base import TIMEOUT_EXIT_CODE, ExecResult, Sandbox, SandboxLimits
+from .base_image import BASE_IMAGE, ensure_base_image
+from .docker import LABEL_KEY, LABEL_VALUE, DockerSandbox, gc
+from .errors import (
+    DockerUnavailableError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxPathError,
+    SandboxStartError,
+)
+from .fake import FakeSandbox, FakeSandboxFactory
+from .local import LocalSandbox, bwrap_usable
+from .pool import SandboxPool
+
+__all__ = [
+    "BASE_IMAGE", "LABEL_KEY", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
+    "ExecResult", "FakeSandbox", "FakeSandboxFactory", "LocalSandbox", "Sandbox", "SandboxClosedError",
+    "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError", "bwrap_usable",
+    "ensure_base_image", "gc",
+]
