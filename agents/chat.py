@@ -14,6 +14,7 @@ whose rendering of earlier messages does not depend on later ones (ChatML, Llama
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -42,12 +43,20 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = list(tools)
         self._special = set(tokenizer.all_special_ids)
+        # Templates without tool support ignore `tools=`; then the tools are described in the system prompt.
+        probe = [{"role": "user", "content": "x"}]
+        self.native_tools = bool(self.tools) and self._apply(probe, False, self.tools) != self._apply(probe, False, None)
+
+    def _apply(self, messages: Sequence[Message], add_generation_prompt: bool, tools: Any) -> Any:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        return self.tokenizer.apply_chat_template([_as_text(m) for m in messages], **kwargs)
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if self.tools:
-            kwargs["tools"] = self.tools
-        text = self.tokenizer.apply_chat_template(list(messages), **kwargs)
+        if self.tools and not self.native_tools:
+            messages = _with_tool_prompt(messages, self.tools)
+        text = self._apply(messages, add_generation_prompt, self.tools if self.native_tools else None)
         if not isinstance(text, str):
             raise RenderError(f"apply_chat_template returned {type(text).__name__}, expected str")
         return text
@@ -75,6 +84,27 @@ class ChatRenderer:
             if closing.startswith(marker):
                 closing = closing[len(marker):]
         return self.encode(closing + full[len(prefix):])
+
+
+def tool_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """Hermes-style tool instructions, for chat templates that do not render ``tools`` themselves."""
+    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    return ("You can call these tools:\n" + schemas + "\n\nTo call a tool, write:\n<tool_call>\n"
+            '{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
+            "Tool results come back in the next message. When you are done, answer without a tool call.")
+
+
+def _with_tool_prompt(messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+    prompt = tool_prompt(tools)
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{prompt}")
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def _as_text(message: Message) -> Message:
+    """Templates expect string content; a tool-call message may carry None."""
+    return message if isinstance(message.get("content"), str) else dict(message, content="")
 
 
 class ByteTokenizer:

@@ -5,11 +5,18 @@ answers are integers (which enables the last-number extraction fallback). An epi
 question and one answer by default; ``feedback_turns=N`` lets the environment tell the agent
 that its answer was missing or wrong and ask again up to N times (a multi-turn variant that the
 learner can train on).
+
+``tools="python"`` offers a ``python`` tool: each call runs the code in a fresh process of a
+sandbox (``sandbox="local"``: :class:`~sao.sandboxes.LocalSandbox`, bubblewrap-isolated when
+available; ``"docker"``: a :class:`~sao.sandboxes.DockerSandbox` on the base image, no network).
+Its output (truncated), a non-zero exit status, a timeout, or a malformed call comes back as a
+``tool`` message; a message without tool calls is the final answer and is graded.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from sao.sandboxes import BASE_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits
 
 from .core import Message, TextEnv
 from .datasets import load_rows, require_fields
@@ -29,6 +38,18 @@ IMO_ANSWERBENCH_SOURCE = (
     "https://raw.githubusercontent.com/google-deepmind/superhuman/main/imobench/answerbench_v2.csv"
 )
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run a Python 3 program and return what it prints (stdout and stderr). Nothing persists "
+                       "between calls: print every result you need.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
+                       "required": ["code"]},
+    },
+}
+TOOLS = {"python": PYTHON_TOOL}
+SANDBOXES = ("local", "docker")
 
 
 @dataclass(frozen=True)
@@ -87,11 +108,24 @@ class MathEnv(TextEnv):
         system_prompt: str | None = None,
         instruction: str = INSTRUCTION,
         feedback_turns: int = 0,
+        tools: str | None = None,
+        sandbox: str = "local",
+        tool_timeout_s: float = 10.0,
+        tool_output_chars: int = 4000,
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
         if feedback_turns < 0:
             raise ValueError(f"feedback_turns must be >= 0, got {feedback_turns}")
+        if tools not in (None, "", *TOOLS):
+            raise ValueError(f"tools must be one of {sorted(TOOLS)} (or None), got {tools!r}")
+        if sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
+        self.tools = (TOOLS[tools],) if tools else ()
+        self.sandbox_kind = sandbox
+        self.tool_limits = SandboxLimits(cpus=1.0, memory_mb=1024, pids=64, network=False,
+                                         output_limit_bytes=tool_output_chars, default_timeout_s=tool_timeout_s)
+        self._sandbox: Sandbox | None = None
         self.tasks = tasks
         self.endless = bool(getattr(tasks, "endless", False))
         self.integer_answers = integer_answers
@@ -116,6 +150,10 @@ class MathEnv(TextEnv):
 
     def _respond(self, action: Message):
         assert self.task is not None
+        if self.tools and (action.get("tool_calls") or action.get("invalid_tool_calls")):
+            return self._run_tools(action), 0.0, False, False, {"task_id": self.task.task_id,
+                                                                 "family": self.task.family}
+        self._close_sandbox()
         self._attempts += 1
         text = action.get("content") or ""
         pred = extract_answer(text, integer=self.integer_answers)
@@ -138,6 +176,44 @@ class MathEnv(TextEnv):
             hint = f"Your answer {pred} is not correct. Check your work and give a final answer within \\boxed{{}}."
         info = {"task_id": self.task.task_id, "family": self.task.family, "answer": pred}
         return [{"role": "user", "content": hint}], 0.0, False, False, info
+
+
+    # -- the python tool ---------------------------------------------------------------------
+    def _run_tools(self, action: Message) -> list[Message]:
+        out: list[Message] = [{"role": "tool", "content": f"Error: {e}"} for e in action.get("invalid_tool_calls", ())]
+        for call in action.get("tool_calls") or ():
+            fn = call["function"]
+            content = self._python(fn) if fn["name"] == "python" else (
+                f"Error: unknown tool {fn['name']!r}; the only tool is 'python'")
+            out.append({"role": "tool", "tool_call_id": call.get("id"), "name": fn["name"], "content": content})
+        return out
+
+    def _python(self, fn: dict[str, Any]) -> str:
+        try:
+            code = json.loads(fn["arguments"]).get("code")
+        except (json.JSONDecodeError, AttributeError):
+            code = None
+        if not isinstance(code, str) or not code.strip():
+            return 'Error: the python tool needs {"code": "<program>"}'
+        if self._sandbox is None:
+            self._sandbox = (DockerSandbox(BASE_IMAGE, limits=self.tool_limits) if self.sandbox_kind == "docker"
+                             else LocalSandbox(self.tool_limits))
+        path = "/tmp/main.py" if self.sandbox_kind == "docker" else "main.py"  # LocalSandbox: relative to its root
+        self._sandbox.write_file(path, code)
+        result = self._sandbox.run(f"python3 {path}")  # a timeout is reported inside the output
+        text = result.output
+        if result.exit_code != 0 and not result.timed_out:
+            text += f"\n[exit status {result.exit_code}]"
+        return text if text.strip() else "[no output]"
+
+    def _close_sandbox(self) -> None:
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            sandbox.close()
+
+    def close(self) -> None:
+        self._close_sandbox()
+        super().close()
 
 
 # -- benchmarks ---------------------------------------------------------------------------------

@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--max-tokens", type=int, default=1024, help="generated tokens per episode, all turns (default 1024)")
-    p.add_argument("--max-turns", type=int, default=8, help="model calls per episode (default 8)")
+    p.add_argument("--max-turns", type=int, default=50, help="model calls per episode (default 50, as in the paper)")
+    p.add_argument("--tools", choices=["python"], help="offer the model a tool (math benchmarks: python)")
+    p.add_argument("--sandbox", choices=["local", "docker"],
+                   help="where tool code runs: local (bubblewrap when installed; default) or docker")
     p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
@@ -55,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _env_args(pairs: list[str]) -> dict[str, Any]:
-    out = {}
+def _env_args(pairs: list[str], **flags: Any) -> dict[str, Any]:
+    out = {k: v for k, v in flags.items() if v is not None}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
             concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
-            resume=args.resume, env_args=_env_args(args.env_arg),
+            resume=args.resume, env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox),
         )
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),

@@ -57,7 +57,7 @@ class EvalConfig:
     concurrency: int = 32
     temperature: float = 1.0
     max_tokens: int = 1024
-    max_turns: int = 8
+    max_turns: int = 50
     max_model_len: int = 4096
     seed: int = 0
     timeout_s: float = 600.0
@@ -86,7 +86,10 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
     kwargs = dict(cfg.env_args)
     if cfg.data is not None:
         kwargs["data"] = cfg.data
-    env = make(entry.name, **kwargs)
+    try:
+        env = make(entry.name, **kwargs)
+    except TypeError as exc:  # an argument this environment does not take (--tools, --env-arg, ...)
+        raise EvalError(f"{entry.name} does not accept these arguments {sorted(kwargs)}: {exc}") from exc
     try:
         limit = cfg.limit
         if limit is None and getattr(env.unwrapped, "endless", False):
