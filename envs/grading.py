@@ -53,6 +53,18 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+
+class _NoTimeoutNotice(logging.Filter):
+    """math-verify warns on every call made without signal timeouts, which :func:`grade` does on
+    purpose off the main thread (see above); the notice would flood the logs of a concurrent run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
+
 # Seconds for each math-verify parse / compare step (main thread only; see module docstring).
 TIMEOUT_S = 5
 # Longest answer string handed to the parser when no timeout can protect it.

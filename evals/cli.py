@@ -75,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:  # math-verify warns on every call made off the main thread (no signal timeouts there)
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
     if args.resume and args.output is None:
         print("error: --resume needs --output", file=sys.stderr)
         return 2
