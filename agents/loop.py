@@ -27,7 +27,7 @@ import gymnasium as gym
 from .chat import ChatRenderer
 from .client import CompletionClient, SamplingParams
 from .errors import ContextOverflowError, EngineError
-from .records import Completion, Trajectory, TurnRecord
+from .records import Completion, Trajectory, TurnRecord, jsonable
 from .tools import assistant_message
 
 
@@ -149,13 +149,7 @@ async def run_episode(
         truncated=truncated,
         status=status,
         error=error,
-        info=_jsonable(info),
+        info=jsonable(info),
         wall_s=time.monotonic() - t0,
     )
 
-
-def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in info.items():
-        out[k] = v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
-    return out

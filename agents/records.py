@@ -108,3 +108,8 @@ class Trajectory:
         for key in ("token_ids", "action_mask", "logprobs", "messages"):
             record[key] = tuple(record[key])
         return cls(**record)
+
+
+def jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with values JSON can hold; anything else becomes its ``str``."""
+    return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v) for k, v in info.items()}

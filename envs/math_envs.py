@@ -178,6 +178,13 @@ class MathEnv(TextEnv):
         return [{"role": "user", "content": hint}], 0.0, False, False, info
 
 
+    def scripted_policy(self, name: str, task_id: str):
+        """A model-free agent: ``gold`` answers the reference in ``\\boxed{}``, ``empty`` answers nothing."""
+        if name not in ("gold", "empty"):
+            raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
+        text = f"\\boxed{{{self.tasks.get(task_id).answer}}}" if name == "gold" else ""
+        return lambda observation, info: {"role": "assistant", "content": text}
+
     # -- the python tool ---------------------------------------------------------------------
     def _run_tools(self, action: Message) -> list[Message]:
         out: list[Message] = [{"role": "tool", "content": f"Error: {e}"} for e in action.get("invalid_tool_calls", ())]

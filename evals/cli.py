@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="With no --base-url, the model is served by a local vLLM started for this run.",
     )
     p.add_argument("benchmark", help=f"benchmark name ({names}) or gymnasium id")
+    p.add_argument("--agent", choices=["llm", "gold", "empty"], default="llm",
+                   help="who acts: the model (llm, default), or a scripted baseline of the environment: gold "
+                        "(the reference solution through the real tools) or empty (no change)")
     p.add_argument("--model", default="smollm2-135m",
                    help="model alias (see `sao-model list`), local checkpoint directory, or Hugging Face id; "
                         "with --base-url, the served model name (default: smollm2-135m)")
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         cfg = EvalConfig(
-            benchmark=args.benchmark, output=output, model=args.model, base_url=args.base_url, api_key=args.api_key,
+            benchmark=args.benchmark, output=output, agent=args.agent, model=args.model, base_url=args.base_url, api_key=args.api_key,
             tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
             concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
@@ -124,7 +127,8 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     table.add_row("tasks x samples", f"{summary['n_tasks']} x {summary['samples_per_task']}")
     for k, v in summary["pass@k"].items():
         table.add_row(f"pass@{k}", f"{v:.4f}")
-    for key in ("graded_by_fallback", "n_failed", "n_truncated", "tokens_generated", "wall_s"):
+    for key in ("resolved", "graded_by_fallback", "infra_errors", "n_failed", "n_truncated", "tokens_generated",
+                "wall_s"):
         table.add_row(key, str(summary[key]))
     Console().print(table)
     console.print(f"outputs in {output}")

@@ -14,6 +14,7 @@ Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy, Trajectory, run_episode
 from sao.agents.endpoint import Endpoint, open_endpoint
+from sao.agents.scripted import run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
 
@@ -32,8 +34,9 @@ from .metrics import mean_pass_at_k
 log = logging.getLogger(__name__)
 
 # Fields that must match between a run and its --resume; the rest (concurrency, ...) may change.
-_IDENTITY = ("benchmark", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns", "seed",
-             "env_args")
+_IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns",
+             "seed", "env_args")
+AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
 ENDLESS_DEFAULT_LIMIT = 100  # tasks evaluated from an endless source (arithmetic) when --limit is not given
@@ -47,6 +50,7 @@ class EvalError(Exception):
 class EvalConfig:
     benchmark: str
     output: Path
+    agent: str = "llm"
     model: str = "smollm2-135m"
     base_url: str | None = None
     api_key: str | None = None
@@ -68,6 +72,8 @@ class EvalConfig:
         for name in ("samples", "concurrency", "max_tokens", "max_turns"):
             if getattr(self, name) < 1:
                 raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.agent not in AGENTS:
+            raise EvalError(f"--agent must be one of {AGENTS}, got {self.agent!r}")
         if self.limit is not None and self.limit < 1:
             raise EvalError(f"--limit must be >= 1, got {self.limit}")
 
@@ -95,6 +101,8 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         if limit is None and getattr(env.unwrapped, "endless", False):
             limit = ENDLESS_DEFAULT_LIMIT
         ids = env.unwrapped.task_ids(limit)
+        if cfg.agent != "llm" and not callable(getattr(env.unwrapped, "scripted_policy", None)):
+            raise EvalError(f"{entry.name} has no scripted agents; use --agent llm")
     finally:
         env.close()
     if not ids:
@@ -125,33 +133,45 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
 
 async def run_pairs(
     cfg: EvalConfig,
-    endpoint: Endpoint,
+    endpoint: Endpoint | None,
     env_kwargs: dict[str, Any],
     pairs: list[tuple[int, str, int]],
     writer: TrajectoryWriter,
     on_done: Callable[[Trajectory], None] = lambda t: None,
 ) -> None:
-    """Run the (task index, task id, sample) pairs with bounded concurrency, writing each as it ends."""
-    from transformers import AutoTokenizer
+    """Run the (task index, task id, sample) pairs with bounded concurrency, writing each as it ends.
 
+    With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
+    """
     env_name = resolve(cfg.benchmark).name
-    tokenizer = AutoTokenizer.from_pretrained(endpoint.tokenizer)
-    client = OpenAICompletionClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key,
-                                    timeout_s=cfg.timeout_s, retry=RetryPolicy(), max_connections=cfg.concurrency)
-    loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, max_model_len=endpoint.max_model_len,
-                          temperature=cfg.temperature)
     semaphore = asyncio.Semaphore(cfg.concurrency)
-    renderers: dict[tuple[str, ...], ChatRenderer] = {}
+    client, renderers = None, {}
+    if endpoint is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(endpoint.tokenizer)
+        client = OpenAICompletionClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key,
+                                        timeout_s=cfg.timeout_s, retry=RetryPolicy(), max_connections=cfg.concurrency)
+        loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
+                              max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
+
+    async def play(env: Any, index: int, task_id: str, sample: int) -> Trajectory:
+        seed = episode_seed(cfg.seed, index, sample)
+        if client is None:
+            policy = env.unwrapped.scripted_policy(cfg.agent, task_id)
+            return await run_scripted_episode(env, policy, env_name=env_name, task_id=task_id, sample=sample,
+                                              seed=seed, max_turns=cfg.max_turns)
+        tools = tuple(getattr(env.unwrapped, "tools", ()))
+        key = tuple(json.dumps(t, sort_keys=True) for t in tools)
+        renderer = renderers.setdefault(key, ChatRenderer(tokenizer, tools))
+        return await run_episode(env, client, renderer, loop_cfg, env_name=env_name, task_id=task_id,
+                                 sample=sample, seed=seed)
 
     async def one(index: int, task_id: str, sample: int) -> None:
         async with semaphore:
             env = make(env_name, **env_kwargs)
             try:
-                tools = tuple(getattr(env.unwrapped, "tools", ()))
-                key = tuple(json.dumps(t, sort_keys=True) for t in tools)
-                renderer = renderers.setdefault(key, ChatRenderer(tokenizer, tools))
-                trajectory = await run_episode(env, client, renderer, loop_cfg, env_name=env_name, task_id=task_id,
-                                               sample=sample, seed=episode_seed(cfg.seed, index, sample))
+                trajectory = await play(env, index, task_id, sample)
             finally:
                 await asyncio.to_thread(env.close)
             writer.write(trajectory)
@@ -160,7 +180,8 @@ async def run_pairs(
     try:
         await asyncio.gather(*(one(i, t, s) for i, t, s in pairs))
     finally:
-        await client.aclose()
+        if client is not None:
+            await client.aclose()
 
 
 def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -182,8 +203,11 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
     summary = {
         "benchmark": cfg.benchmark,
         "model": cfg.model,
+        "agent": cfg.agent,
         "n_tasks": len(task_ids),
+        "n_instances": len(task_ids),
         "samples_per_task": cfg.samples,
+        "resolved": sum(any(o) for o in outcomes),  # tasks solved by at least one sample
         "pass@1": pass_k.get("1", 0.0),
         "pass@k": pass_k,
         "graded_by_fallback": fallback,
@@ -192,6 +216,8 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "n_episodes": len(done),
         "n_missing": len(task_ids) * cfg.samples - len(done),
         "n_failed": sum(t.status == "failed" for t in done),
+        # the episode could not be run or graded for a reason that is not the agent's (engine, container, ...)
+        "infra_errors": sum(t.status == "failed" or bool(t.info.get("error")) for t in done),
         "n_truncated": sum(t.truncated for t in done),
         "mean_reward": sum(t.reward for t in done) / len(done) if done else 0.0,
         "temperature": cfg.temperature,
@@ -218,9 +244,10 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
     rollout_s = 0.0
     if pairs:
-        with open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
-                           max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log") as endpoint, \
-                TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
+        engine = (open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
+                                max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log")
+                  if cfg.agent == "llm" else contextlib.nullcontext())
+        with engine as endpoint, TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
             t_rollout = time.monotonic()
             asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 
 import gymnasium as gym
 import pytest
@@ -16,9 +18,31 @@ from tests.conftest import SHARED_DATA, shared_file
 LOCAL_DATA = {"beyond-aime": "beyond_aime.jsonl", "imo-answerbench": "answerbench_v2.csv"}
 
 
+# SWE environments need Docker. The hub-backed ones have no complete local copy (../shared/data
+# has prompts and gold patches only), so their factory and class are checked on the local SWE
+# tasks, which have the same schema; loading from the hub itself is not tested offline.
+SWE_ENVS = {"swe-local", "swe-bench-verified", "swe-bench-lite", "swe-bench"}
+SWE_LABEL = f"pytest-envs-{os.getpid()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _swe_local_tasks() -> str:
+    from sao.envs.swebench import build_local_tasks
+    from sao.sandboxes import DockerUnavailableError
+
+    try:
+        return str(build_local_tasks(label=SWE_LABEL))
+    except DockerUnavailableError as exc:
+        if os.environ.get("SAO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"a Docker daemon is required here (SAO_REQUIRE_DOCKER=1): {exc}")
+        pytest.skip(f"the SWE environments need Docker: {exc}")
+
+
 def _env_kwargs(name: str) -> dict:
     if name in LOCAL_DATA:
         return {"data": str(shared_file(LOCAL_DATA[name]))}
+    if name in SWE_ENVS:
+        return {"data": _swe_local_tasks(), "label": SWE_LABEL}
     return {}
 
 

@@ -1,0 +1,52 @@
+"""Episodes played by a scripted policy instead of a model (gold/empty baselines, plumbing checks).
+
+A policy is ``(observation_messages, info) -> assistant message``. The trajectory has the
+transcript, reward and info, and no tokens: nothing was sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from .records import Trajectory, jsonable
+
+Policy = Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
+
+
+async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, task_id: str, sample: int = 0,
+                               seed: int | None = None, max_turns: int = 50) -> Trajectory:
+    """Like :func:`~sao.agents.loop.run_episode`, with ``policy`` in place of the engine."""
+    t0 = time.monotonic()
+    transcript: list[dict[str, Any]] = []
+    reward, terminated, truncated, status, error = 0.0, False, False, "ok", None
+    info: dict[str, Any] = {}
+    try:
+        obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task_id": task_id})
+        transcript += obs
+        for _ in range(max_turns):
+            action = policy(obs, info)
+            obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            reward += r
+            transcript += [action, *obs]
+            if terminated or truncated:
+                break
+        else:
+            truncated = True
+            info = {**info, "truncated_by": "max_turns"}
+    except Exception as exc:  # noqa: BLE001 - a failed episode is recorded, not raised
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    if status == "failed" or not (terminated or truncated) or "correct" not in info:
+        info = {"correct": False, "answer": None, **info, "error": error or info.get("error")}
+    return Trajectory(
+        episode_id=uuid.uuid4().hex, env=env_name, task_id=task_id, sample=sample, seed=seed,
+        token_ids=(), action_mask=(), logprobs=(), turns=(), messages=tuple(transcript), reward=reward,
+        terminated=terminated and status == "ok", truncated=truncated, status=status, error=error,
+        info=jsonable(info),
+        wall_s=time.monotonic() - t0,
+    )
