@@ -133,3 +133,25 @@ def test_multi_turn_tokens_and_logprobs_match_the_server_and_the_model(vllm_serv
     mask = torch.tensor(t.action_mask[1:], dtype=torch.bool)
     diff = (ours[mask] - torch.tensor(t.logprobs[1:])[mask]).abs()
     assert diff.mean() < 0.1 and diff.max() < 1.5, (diff.mean(), diff.max())
+
+
+@pytest.mark.docker
+def test_smollm2_agent_on_a_local_swe_task_is_run_and_graded(vllm_server, tmp_path):
+    """The whole SWE path with the real model: tools, container, diff, fresh grading container, swebench.
+
+    SmolLM2-135M is not expected to fix the bug; the test asserts that the episode runs to an end that
+    the environment grades (submit, format errors or its step limit), with a report and no infrastructure error.
+    """
+    out = tmp_path / "swe-llm"
+    proc = subprocess.run([SAO_EVAL, "swe-local", "--limit", "1", "--max-turns", "8", "--max-tokens", "768",
+                           "--env-arg", "max_steps=4", "--base-url", vllm_server.base_url, "--model",
+                           vllm_server.model_name, "--output", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (t,) = read_trajectories(out / "trajectories.jsonl")
+    assert t.status == "ok" and t.num_action_tokens > 0 and len(t.turns) >= 1
+    if t.info.get("truncated_by") == "context":
+        pytest.fail(f"the SWE prompt does not fit the test server's context ({len(t.token_ids)} tokens)")
+    assert t.info["exit_status"] in ("submitted", "format_errors", "step_limit"), t.info.get("exit_status")
+    assert isinstance(t.info["report"], dict) and t.info["error"] is None and t.info["correct"] in (True, False)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["infra_errors"] == 0 and summary["n_instances"] == 1
