@@ -1,4 +1,5 @@
-"""Episodes played by a scripted policy instead of a model (gold/empty baselines, plumbing checks).
+"""Episodes without a model: a scripted policy plays (gold/empty baselines, plumbing checks), or
+a given patch is only graded (``--grade-only``).
 
 A policy is ``(observation_messages, info) -> assistant message``. The trajectory has the
 transcript, reward and info, and no tokens: nothing was sampled.
@@ -48,5 +49,22 @@ async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, t
         token_ids=(), action_mask=(), logprobs=(), turns=(), messages=tuple(transcript), reward=reward,
         terminated=terminated and status == "ok", truncated=truncated, status=status, error=error,
         info=jsonable(info),
+        wall_s=time.monotonic() - t0,
+    )
+
+
+async def run_graded_patch(env: gym.Env, patch: str, *, env_name: str, task_id: str) -> Trajectory:
+    """Grade ``patch`` for ``task_id`` with the environment's ``grade_prediction`` (no agent runs)."""
+    t0 = time.monotonic()
+    status, error = "ok", None
+    try:
+        info = await asyncio.to_thread(env.unwrapped.grade_prediction, task_id, patch)
+    except Exception as exc:  # noqa: BLE001
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        info = {"correct": False, "answer": None, "error": error}
+    return Trajectory(
+        episode_id=uuid.uuid4().hex, env=env_name, task_id=task_id, sample=0, seed=None, token_ids=(),
+        action_mask=(), logprobs=(), turns=(), messages=(), reward=float(bool(info.get("correct"))),
+        terminated=status == "ok", truncated=False, status=status, error=error, info=jsonable(info),
         wall_s=time.monotonic() - t0,
     )

@@ -299,7 +299,8 @@ def swebench_image_names(instance_id: str, arch: str | None = None, namespace: s
 
 
 class ImageResolver:
-    """Finds the image of an instance: user map, row, swebench's names (local or pulled), swebench's build."""
+    """Finds the image of an instance: user map (exclusive when it names the instance), else the row's
+    ``image``, swebench's names (local or pulled), swebench's build."""
 
     def __init__(self, client: Any, *, images: Mapping[str, str] | None = None, pull: bool = True,
                  pull_timeout_s: float = 30.0, pull_max_s: float = 3600.0, build: bool = False,
@@ -317,16 +318,18 @@ class ImageResolver:
     def resolve(self, inst: SWEInstance) -> ResolvedImage:
         attempts: list[str] = []
         candidates: list[tuple[str, str]] = []
+        local, remote = swebench_image_names(inst.instance_id)
         if inst.instance_id in self.images:
+            # An image the user named explicitly is the only candidate: falling back to another one
+            # would grade against an environment the user did not ask for.
             candidates.append((self.images[inst.instance_id], "images-arg"))
         else:
             attempts.append("images-arg: the `images` map has no entry for this instance")
-        if inst.image:
-            candidates.append((inst.image, "row-image"))
-        else:
-            attempts.append("row-image: the row has no `image` field")
-        local, remote = swebench_image_names(inst.instance_id)
-        candidates += [(local, "swebench-name"), (remote, "swebench-name")]
+            if inst.image:
+                candidates.append((inst.image, "row-image"))
+            else:
+                attempts.append("row-image: the row has no `image` field")
+            candidates += [(local, "swebench-name"), (remote, "swebench-name")]
         for name, source in candidates:
             if self._present(name, attempts, source):
                 return ResolvedImage(name, source)
@@ -336,7 +339,7 @@ class ImageResolver:
                 return ResolvedImage(name, source, pulled=True)
         if not self.pull:
             attempts.append("pull: pulling is off (pull=False)")
-        built = self._build(inst, attempts)
+        built = self._build(inst, attempts) if inst.instance_id not in self.images else None
         if built:
             return ResolvedImage(built, "swebench-build")
         raise InstanceImageError(
@@ -1007,6 +1010,40 @@ class SWEBenchEnv(TextEnv):
 
     def task_ids(self, limit: int | None = None) -> list[str]:
         return [inst.instance_id for inst in self.instances[:limit]]
+
+    def grade_prediction(self, task_id: str, patch: str) -> dict[str, Any]:
+        """Grade a given patch (``--grade-only``): no agent container, only the fresh grading one.
+
+        Returns the same final info as an episode (``exit_status`` "grade_only"); a missing image or
+        a grading container that fails is an infrastructure error in ``error``, never a silent 0.
+        """
+        inst = self.get(task_id)
+        base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
+                "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
+        report = {"instance_id": inst.instance_id, "patch_is_None": not patch, "patch_exists": bool(patch.strip()),
+                  "patch_successfully_applied": False, "resolved": False}
+        try:
+            client = self._docker()
+            if self._resolver is None:
+                self._resolver = ImageResolver(client, images=self.image_map, pull=self.pull,
+                                               pull_timeout_s=self.pull_timeout_s, build=self.build)
+            image = self._resolver.resolve(inst)
+        except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
+            return {**base, "correct": False, "error": f"{type(exc).__name__}: {exc}",
+                    "report": {**report, "status": "error"}}
+        if not patch.strip():
+            return {**base, "correct": False, "error": None, "report": {**report, "status": "empty_patch"},
+                    "image": image.name, "image_source": image.source}
+        try:
+            result = grade_patch(inst, patch.encode("utf-8"), image.name, client=client, label=self.label,
+                                 limits=self.grading_limits, timeout_s=self.eval_timeout_s,
+                                 hide_history=self.hide_history)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("grading %s failed", inst.instance_id)
+            result = GradeResult(False, {**report, "status": "error"}, f"grading failed: {type(exc).__name__}: {exc}")
+        return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
+                "image": image.name, "image_source": image.source, "grading_log": result.log,
+                "timing": {"grading_s": round(result.duration_s, 3)}}
 
     def scripted_policy(self, name: str, task_id: str):
         """A model-free agent for task ``task_id``: ``gold`` applies the gold patch, ``empty`` submits nothing."""

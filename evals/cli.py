@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    p.add_argument("--max-steps", type=int, help="SWE: tool steps before the episode is cut and graded (default 50)")
+    p.add_argument("--image-map", type=Path, help="SWE: JSON file mapping instance_id to a Docker image")
+    p.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
+                   help="SWE: grade the patches of a predictions.jsonl (instance_id, model_patch) instead of running agents")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the environment, value parsed as JSON when it can be "
                         "(e.g. --env-arg difficulty=0.5); repeatable")
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
             concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
-            resume=args.resume, env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox),
+            resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
+            env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
+                               images=None if args.image_map is None else str(args.image_map)),
         )
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -113,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]interrupted[/]; finished episodes are in {output}; continue with --resume")
         return 130
     _print_summary(summary, output)
-    if summary["n_failed"]:
-        console.print(f"[yellow]{summary['n_failed']} episode(s) failed (see 'error' in trajectories.jsonl); "
-                      "run again with --resume to retry them[/]")
+    if summary["infra_errors"]:
+        console.print(f"[yellow]{summary['infra_errors']} episode(s) hit an infrastructure error (engine, container, "
+                      "image; see 'error' in trajectories.jsonl); they are not counted as solved. "
+                      "Failed episodes are retried by --resume.[/]")
         return 1
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy, Trajectory, run_episode
 from sao.agents.endpoint import Endpoint, open_endpoint
-from sao.agents.scripted import run_scripted_episode
+from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Fields that must match between a run and its --resume; the rest (concurrency, ...) may change.
 _IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns",
-             "seed", "env_args")
+             "seed", "env_args", "grade_only")
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
@@ -67,6 +67,7 @@ class EvalConfig:
     timeout_s: float = 600.0
     resume: bool = False
     env_args: dict[str, Any] = field(default_factory=dict)
+    grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
 
     def __post_init__(self) -> None:
         for name in ("samples", "concurrency", "max_tokens", "max_turns"):
@@ -74,6 +75,8 @@ class EvalConfig:
                 raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.agent not in AGENTS:
             raise EvalError(f"--agent must be one of {AGENTS}, got {self.agent!r}")
+        if self.grade_only is not None and self.samples != 1:
+            raise EvalError("--grade-only grades one prediction per instance: --samples must be 1")
         if self.limit is not None and self.limit < 1:
             raise EvalError(f"--limit must be >= 1, got {self.limit}")
 
@@ -103,11 +106,34 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         ids = env.unwrapped.task_ids(limit)
         if cfg.agent != "llm" and not callable(getattr(env.unwrapped, "scripted_policy", None)):
             raise EvalError(f"{entry.name} has no scripted agents; use --agent llm")
+        if cfg.grade_only is not None:
+            if not callable(getattr(env.unwrapped, "grade_prediction", None)):
+                raise EvalError(f"{entry.name} cannot grade predictions (--grade-only is for SWE benchmarks)")
+            wanted = load_predictions(cfg.grade_only)
+            known = set(env.unwrapped.task_ids())
+            unknown = sorted(set(wanted) - known)
+            if unknown:
+                raise EvalError(f"{cfg.grade_only}: {len(unknown)} instance(s) not in {entry.name}: {unknown[:5]}")
+            ids = [t for t in env.unwrapped.task_ids() if t in wanted][:cfg.limit]
     finally:
         env.close()
     if not ids:
         raise EvalError(f"{cfg.benchmark}: no tasks")
     return ids, kwargs
+
+
+def load_predictions(path: str) -> dict[str, str]:
+    """``instance_id -> model_patch`` from a predictions file in swebench's format (jsonl or a json list)."""
+    from sao.envs.datasets import load_rows, require_fields
+
+    rows = load_rows(path)
+    require_fields(rows, ("instance_id",), source=path)
+    out = {}
+    for i, row in enumerate(rows, start=1):
+        if "model_patch" not in row:
+            raise EvalError(f"{path}: row {i}: field 'model_patch' is missing")
+        out[str(row["instance_id"])] = row["model_patch"] or ""
+    return out
 
 
 def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
@@ -155,8 +181,12 @@ async def run_pairs(
         loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
                               max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
 
+    predictions = load_predictions(cfg.grade_only) if cfg.grade_only is not None else None
+
     async def play(env: Any, index: int, task_id: str, sample: int) -> Trajectory:
         seed = episode_seed(cfg.seed, index, sample)
+        if predictions is not None:
+            return await run_graded_patch(env, predictions[task_id], env_name=env_name, task_id=task_id)
         if client is None:
             policy = env.unwrapped.scripted_policy(cfg.agent, task_id)
             return await run_scripted_episode(env, policy, env_name=env_name, task_id=task_id, sample=sample,
@@ -233,6 +263,29 @@ def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[s
         for row in results:
             fh.write(json.dumps(row) + "\n")
     (cfg.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_swebench_outputs(cfg)
+
+
+def write_swebench_outputs(cfg: EvalConfig) -> None:
+    """For environments that grade patches: ``predictions.jsonl`` in swebench's format and ``reports/ID.json``."""
+    graded = [t for t in read_trajectories(cfg.output / "trajectories.jsonl") if "patch" in t.info]
+    if not graded:
+        return
+    name = cfg.model if cfg.agent == "llm" and cfg.grade_only is None else (
+        f"grade-only:{Path(cfg.grade_only).name}" if cfg.grade_only else f"sao-{cfg.agent}")
+    reports = cfg.output / "reports"
+    reports.mkdir(exist_ok=True)
+    latest = {(t.task_id, t.sample): t for t in graded}  # the file's last record per pair wins
+    with (cfg.output / "predictions.jsonl").open("w", encoding="utf-8") as fh:
+        for (task_id, sample), t in sorted(latest.items()):
+            fh.write(json.dumps({"instance_id": task_id, "model_patch": t.info.get("patch") or "",
+                                 "model_name_or_path": name, "sample": sample}) + "\n")
+            report = {"instance_id": task_id, "sample": sample, "resolved": bool(t.info.get("correct")),
+                      "error": t.info.get("error") or t.error, "exit_status": t.info.get("exit_status"),
+                      "image": t.info.get("image"), "image_source": t.info.get("image_source"),
+                      "report": t.info.get("report")}
+            suffix = "" if cfg.samples == 1 else f".{sample}"
+            (reports / f"{task_id}{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajectory], None]] | None = None
@@ -246,7 +299,7 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     if pairs:
         engine = (open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
                                 max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log")
-                  if cfg.agent == "llm" else contextlib.nullcontext())
+                  if cfg.agent == "llm" and cfg.grade_only is None else contextlib.nullcontext())
         with engine as endpoint, TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
             t_rollout = time.monotonic()

@@ -71,3 +71,42 @@ def test_math_gold_agent_needs_no_engine(tmp_path):
                            "empty", "--limit", "3", "--output", str(tmp_path / "empty")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and json.loads((tmp_path / "empty" / "summary.json").read_text())["pass@1"] == 0.0
+
+
+@pytest.mark.docker
+def test_grade_only_predictions_reports_and_a_missing_image(docker_client, tmp_path):
+    from sao.envs.swebench import build_local_tasks, load_instances
+
+    instances = load_instances(build_local_tasks())[:3]
+    predictions = tmp_path / "predictions.jsonl"
+    rows = [{"instance_id": instances[0].instance_id, "model_patch": instances[0].patch, "model_name_or_path": "m"},
+            {"instance_id": instances[1].instance_id, "model_patch": "", "model_name_or_path": "m"},
+            {"instance_id": instances[2].instance_id, "model_patch": instances[2].patch, "model_name_or_path": "m"}]
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    image_map = tmp_path / "images.json"
+    image_map.write_text(json.dumps({instances[2].instance_id: "sao-no-such-image:missing"}))
+    out = tmp_path / "graded"
+    proc = subprocess.run([SAO_EVAL, "swe-local", "--grade-only", str(predictions), "--image-map", str(image_map),
+                           "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # an infrastructure error is reported, not hidden
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["n_instances"], summary["resolved"], summary["infra_errors"]) == (3, 1, 1)
+    reports = {p.stem: json.loads(p.read_text()) for p in (out / "reports").glob("*.json")}
+    assert reports[instances[0].instance_id]["resolved"] is True
+    assert reports[instances[1].instance_id]["report"]["status"] == "empty_patch"
+    missing = reports[instances[2].instance_id]
+    assert missing["resolved"] is False and "sao-no-such-image" in missing["error"]
+    predicted = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {p["instance_id"] for p in predicted} == {i.instance_id for i in instances}
+    assert _ours(docker_client) == []
+
+
+@pytest.mark.docker
+def test_max_steps_cuts_and_grades(docker_client, tmp_path):
+    out = tmp_path / "steps"
+    # the gold agent needs 3 steps (create, apply, submit); with 2 it is cut before submitting, then graded
+    proc = subprocess.run([SAO_EVAL, "swe-local", "--agent", "gold", "--limit", "1", "--max-steps", "2",
+                           "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (t,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert t["truncated"] and t["info"]["exit_status"] == "step_limit" and t["info"]["correct"] is True
