@@ -1,1 +1,37 @@
-"""The learner (SAO and its baselines). Arrives with part 3 of the roadmap; nothing here yet."""
+"""The learner (SAO and its baselines). Public surface so far: the RL math as small pure functions.
+
+Advantages (``sao.rl.advantages``): ``token_rewards``, ``adaptive_lambda``, ``gae_action_tokens``,
+``grpo_advantages``, ``RunningMeanBaseline``.
+Losses (``sao.rl.losses``): ``aggregate``, ``dis_mask``, ``dis_policy_loss``, ``ppo_clip_loss``,
+``truncated_is_weights``, ``masked_is_weights``, ``value_loss``, ``kl_estimates``.
+"""
+
+from sao.rl.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
+from sao.rl.losses import (
+    AGG_MODES,
+    aggregate,
+    dis_mask,
+    dis_policy_loss,
+    kl_estimates,
+    masked_is_weights,
+    ppo_clip_loss,
+    truncated_is_weights,
+    value_loss,
+)
+
+__all__ = [
+    "AGG_MODES",
+    "RunningMeanBaseline",
+    "adaptive_lambda",
+    "aggregate",
+    "dis_mask",
+    "dis_policy_loss",
+    "gae_action_tokens",
+    "grpo_advantages",
+    "kl_estimates",
+    "masked_is_weights",
+    "ppo_clip_loss",
+    "token_rewards",
+    "truncated_is_weights",
+    "value_loss",
+]
