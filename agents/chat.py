@@ -153,7 +153,9 @@ class ByteTokenizer:
                 buf = bytearray()
                 if not skip_special_tokens:
                     out.append(names[t])
-            else:
+            elif 0 <= t < 256:
                 buf.append(t)
+            else:  # an id this tokenizer does not have (a prompt from another tokenizer)
+                buf.extend("\ufffd".encode())
         out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)

@@ -86,18 +86,19 @@ class OpenAICompletionClient:
             if attempt:
                 await asyncio.sleep(self.retry.delay(attempt - 1))
             self.attempts += 1
+            body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                    "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
+                    "return_token_ids": True, "skip_special_tokens": True}
+            if params.seed is not None:
+                body["seed"] = params.seed
+            if params.stop:
+                body["stop"] = list(params.stop)
             try:
-                response = await self._client.completions.create(
-                    model=self.model,
-                    prompt=list(prompt_ids),
-                    max_tokens=params.max_tokens,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    seed=params.seed,
-                    stop=list(params.stop) or None,
-                    logprobs=0,
-                    extra_body={"return_token_ids": True, "skip_special_tokens": True},
-                )
+                # The SDK's typed `completions.create` walks every prompt token to transform its
+                # params (CPU per request grows with the prompt); the raw post keeps its transport,
+                # timeouts and error mapping without that walk.
+                raw = await self._client.post("/completions", body=body, cast_to=httpx.Response)
+                response = raw.json()
             except (openai.APIConnectionError, openai.InternalServerError) as exc:  # timeouts are connection errors
                 last = exc
                 log.warning("engine request failed (attempt %d/%d): %s", attempt + 1, self.retry.max_retries + 1, exc)

@@ -59,7 +59,8 @@ class FakeServer:
 
     def __enter__(self) -> FakeServer:
         handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256})  # many clients at once
+        self._httpd = server_cls(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
