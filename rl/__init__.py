@@ -4,6 +4,9 @@ Advantages (``sao.rl.advantages``): ``token_rewards``, ``adaptive_lambda``, ``ga
 ``grpo_advantages``, ``RunningMeanBaseline``.
 Losses (``sao.rl.losses``): ``aggregate``, ``dis_mask``, ``dis_policy_loss``, ``ppo_clip_loss``,
 ``truncated_is_weights``, ``masked_is_weights``, ``value_loss``, ``kl_estimates``.
+Batches (``sao.rl.batch``): ``Batch``, ``collate``, ``micro_batches``.
+Value model (``sao.rl.value``): ``ValueModel``.
+Learner (``sao.rl.learner``): ``Learner``, ``LearnerConfig``, ``token_logprobs``.
 """
 
 from sao.rl.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
@@ -18,6 +21,9 @@ from sao.rl.losses import (
     truncated_is_weights,
     value_loss,
 )
+from sao.rl.batch import Batch, collate, micro_batches
+from sao.rl.learner import Learner, LearnerConfig, token_logprobs
+from sao.rl.value import ValueModel
 
 __all__ = [
     "AGG_MODES",
@@ -34,4 +40,11 @@ __all__ = [
     "token_rewards",
     "truncated_is_weights",
     "value_loss",
+    "Batch",
+    "collate",
+    "micro_batches",
+    "Learner",
+    "LearnerConfig",
+    "token_logprobs",
+    "ValueModel",
 ]

@@ -1,0 +1,136 @@
+"""The learner's input record: a right-padded batch of trajectories, and its split into micro-batches.
+
+Alignment convention (one rule for the whole learner): every ``[B, T]`` tensor is indexed by TOKEN.
+Column ``t`` holds facts about token ``t``: ``action_mask[:, t]`` says whether token ``t`` was sampled by
+the policy, ``rollout_logprobs[:, t]`` is the engine's log-prob of token ``t``, advantages/returns at
+``t`` belong to the action of emitting token ``t``. This is the layout of ``Trajectory`` unchanged. The
+shift to next-token logits happens in exactly one place, :func:`sao.rl.learner.token_logprobs`: the
+log-prob of token ``t`` comes from the logits at position ``t - 1`` (and likewise the value of the state
+before token ``t`` comes from the hidden state at ``t - 1``, :meth:`sao.rl.value.ValueModel.token_values`).
+Token 0 has no prefix, so it can never be an action token; :func:`collate` rejects trajectories that
+say otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from sao.agents.records import Trajectory
+
+_PER_TOKEN = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "advantages", "returns", "old_values")
+_PER_ROW = ("rewards", "truncated", "group_ids")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """B trajectories, right-padded to T tokens. All ``[B, T]`` tensors are token-aligned (module doc).
+
+    input_ids:        [B, T] long, padded with ``pad_id``.
+    attention_mask:   [B, T] long, 1 at real tokens, 0 at padding (a prefix of ones per row).
+    action_mask:      [B, T] long, 1 at tokens to train on (sampled by the policy), 0 at prompt,
+                      observation and padding tokens. Column 0 is always 0.
+    rollout_logprobs: [B, T] float, the engine's log-prob of token t at action tokens, 0.0 elsewhere.
+    rewards:          [B] float, the trajectory's reward (placed at its last action token by the learner).
+    truncated:        [B] bool, the episode was cut by a limit (the learner bootstraps these rows).
+    advantages, returns, old_values: optional [B, T] float, filled by the learner (``dataclasses.replace``).
+    group_ids:        optional [B] long, rows with the same id share a prompt (GRPO groups).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    action_mask: Tensor
+    rollout_logprobs: Tensor
+    rewards: Tensor
+    truncated: Tensor
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    old_values: Tensor | None = None
+    group_ids: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.action_mask.sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on ``device``."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
+    def rows(self, start: int, stop: int) -> Batch:
+        """Rows ``start:stop``, with padding columns that no kept row uses trimmed away."""
+        width = max(int(self.attention_mask[start:stop].sum(-1).max()), 1) if stop > start else 1
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                out[f.name] = None
+            elif f.name in _PER_TOKEN:
+                out[f.name] = value[start:stop, :width]
+            else:
+                out[f.name] = value[start:stop]
+        return Batch(**out)
+
+
+def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
+    """Stack trajectories into a right-padded :class:`Batch` (CPU tensors, order kept).
+
+    ``group_ids`` numbers the distinct ``(env, task_id)`` pairs in order of first appearance, so
+    samples of the same task share an id. Raises ValueError on an empty list or on a trajectory whose
+    first token is marked as an action (a token without a prefix has no log-prob to train).
+    """
+    if not trajectories:
+        raise ValueError("collate needs at least one trajectory")
+    b, t = len(trajectories), max(max(len(tr.token_ids) for tr in trajectories), 1)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, t), dtype=torch.long)
+    action_mask = torch.zeros((b, t), dtype=torch.long)
+    logprobs = torch.zeros((b, t), dtype=torch.float32)
+    groups: dict[tuple[str, str], int] = {}
+    for i, tr in enumerate(trajectories):
+        n = len(tr.token_ids)
+        if n and tr.action_mask[0]:
+            raise ValueError(f"trajectory {tr.episode_id!r}: token 0 is marked as an action, but it has no prefix "
+                             "to condition on; a trajectory must start with at least one prompt token")
+        input_ids[i, :n] = torch.tensor(tr.token_ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        action_mask[i, :n] = torch.tensor(tr.action_mask, dtype=torch.long)
+        logprobs[i, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
+        groups.setdefault((tr.env, tr.task_id), len(groups))
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        rollout_logprobs=logprobs * action_mask,
+        rewards=torch.tensor([tr.reward for tr in trajectories], dtype=torch.float32),
+        truncated=torch.tensor([tr.truncated for tr in trajectories], dtype=torch.bool),
+        group_ids=torch.tensor([groups[(tr.env, tr.task_id)] for tr in trajectories], dtype=torch.long),
+    )
+
+
+def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:
+    """Split ``batch`` into consecutive row ranges, each with at most ``token_budget`` padded tokens
+    (rows x its own longest row), and at least one row each, so a row longer than the budget travels
+    alone. Order is kept; each micro-batch is trimmed to its own longest row. ``None``: one micro-batch.
+    """
+    if token_budget is None:
+        return [batch.rows(0, batch.size)]
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    lengths = batch.attention_mask.sum(-1).clamp(min=1).tolist()
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        widest = max(longest, n)
+        if i > start and widest * (i - start + 1) > token_budget:
+            out.append(batch.rows(start, i))
+            start, widest = i, n
+        longest = widest
+    out.append(batch.rows(start, len(lengths)))
+    return out

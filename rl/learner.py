@@ -1,0 +1,276 @@
+"""SAO's learner building blocks (METHOD.md 1): token log-probs, the critic step, the DIS policy step.
+
+The algorithm registry (``algo: sao | grpo | ppo``) lives elsewhere and composes these pieces; nothing
+here branches on an algorithm name. Tensors follow the token-aligned convention of :mod:`sao.rl.batch`:
+column t of every [B, T] tensor is about token t, and ``token_logprobs`` does the one shift (the log-prob
+of token t comes from the logits at t - 1).
+
+Micro-batching is exact: each micro-batch's loss is divided by the FULL batch's normalizer (for
+``token-mean``: its total number of action tokens) and the gradients are summed, so one optimizer step
+does not depend on ``token_budget`` (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from sao.rl.advantages import adaptive_lambda, gae_action_tokens, token_rewards
+from sao.rl.batch import Batch, micro_batches
+from sao.rl.losses import AGG_MODES, dis_policy_loss, kl_estimates, value_loss
+from sao.rl.value import ValueModel, backbone_of
+
+
+@dataclass
+class LearnerConfig:
+    """Learner hyper-parameters; defaults are SAO's math setting (METHOD.md 1)."""
+
+    lr: float = 1e-6
+    value_lr: float | None = None  # None: 5 x lr (paper: 5e-6 vs 1e-6)
+    value_warmup_steps: int = 10  # linear warm-up of the value optimizer's lr
+    weight_decay: float = 0.01  # open in the paper; AdamW's usual RL value
+    grad_clip: float | None = 1.0  # max global grad norm per model; None: no clipping (norm still logged)
+    token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
+    ttur_k: int = 2  # value steps per policy step (two-timescale update)
+    gamma: float = 1.0
+    alpha: float = 1.5  # lambda_policy = 1 - 1 / (alpha * action_tokens)
+    eps_low: float = 0.3  # DIS band (1 - eps_low, 1 + eps_high); coding: 0.8 / 3.0
+    eps_high: float = 5.0
+    value_clip: float | None = 0.2  # None: plain MSE
+    agg: str = "token-mean"
+    agg_normalizer: float | None = None  # the constant for agg="token-sum-norm"
+    bf16: bool = False  # bf16 autocast for forward passes (log-softmax and the value head stay fp32)
+    freeze_value_attention: bool = True
+    logprob_chunk: int = 1024  # positions per chunk of the vocab log-softmax
+
+    def __post_init__(self) -> None:
+        if self.agg not in AGG_MODES:
+            close = difflib.get_close_matches(self.agg, AGG_MODES, n=1)
+            raise ValueError(f"unknown agg {self.agg!r} (known: {', '.join(AGG_MODES)})"
+                             + (f"; did you mean {close[0]!r}?" if close else ""))
+        if self.agg == "token-sum-norm" and self.agg_normalizer is None:
+            raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
+        if self.ttur_k < 1 or self.logprob_chunk < 1 or self.value_warmup_steps < 0:
+            raise ValueError("ttur_k and logprob_chunk must be >= 1, value_warmup_steps >= 0")
+
+    @property
+    def critic_lr(self) -> float:
+        return 5.0 * self.lr if self.value_lr is None else self.value_lr
+
+
+def _autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, bf16: bool) -> Tensor:
+    """log softmax(head(hidden))[targets] for one chunk of positions: [B, C, H], [B, C] -> [B, C] fp32."""
+    with _autocast(hidden.device, bf16):
+        logits = head(hidden)
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def token_logprobs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, chunk: int = 1024, bf16: bool = False
+) -> Tensor:
+    """log pi(token_t | tokens_<t) for every token: [B, T] float32, token-aligned.
+
+    ``out[:, t]`` comes from the logits at position t - 1; ``out[:, 0] = 0`` (no prefix) and padding is 0.
+    The LM head and the log-softmax run over ``chunk`` positions at a time; with gradients on, each
+    chunk is recomputed in backward (activation checkpointing), so the [B, T, vocab] logits never exist
+    at once. Assumes logits = ``model.get_output_embeddings()(last_hidden_state)`` (true for Llama,
+    Qwen, Mistral, SmolLM; models with logit soft-capping or scaling need their own head function).
+    """
+    with _autocast(input_ids.device, bf16):
+        hidden = backbone_of(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    head_fn = partial(_chunk_logprobs, model.get_output_embeddings(), bf16=bf16)
+    hidden, targets = hidden[:, :-1], input_ids[:, 1:]
+    pieces = [torch.zeros_like(input_ids[:, :1], dtype=torch.float32)]
+    for s in range(0, hidden.shape[1], chunk):
+        h, y = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        pieces.append(checkpoint(head_fn, h, y, use_reentrant=False) if h.requires_grad else head_fn(h, y))
+    return torch.where(attention_mask.bool(), torch.cat(pieces, dim=1), 0.0)
+
+
+def _pad_to(x: Tensor, width: int) -> Tensor:
+    return nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+class Learner:
+    """Holds the policy (a Hugging Face causal LM), the optional value model and their optimizers.
+
+    Building blocks: :meth:`policy_step` (DIS), :meth:`value_step` (critic), :meth:`predict_values`,
+    :meth:`sao_advantages`, :meth:`with_critic_targets`; :meth:`sao_step` chains them for SAO.
+    Optimizers default to AdamW (the value one with a linear warm-up); pass your own to override.
+    Models are used in whatever train/eval mode the caller left them.
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        config: LearnerConfig | None = None,
+        *,
+        value_model: ValueModel | None = None,
+        policy_optimizer: torch.optim.Optimizer | None = None,
+        value_optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        self.config = cfg = config or LearnerConfig()
+        self.policy, self.value_model = policy, value_model
+        self.device = next(policy.parameters()).device
+        self.policy_optimizer = policy_optimizer or torch.optim.AdamW(
+            policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.value_optimizer = self.value_scheduler = None
+        if value_model is not None:
+            if cfg.freeze_value_attention:
+                value_model.freeze_attention()
+            # frozen parameters never get a .grad, so AdamW skips them (no update, no weight decay)
+            self.value_optimizer = value_optimizer or torch.optim.AdamW(
+                value_model.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+            warmup = cfg.value_warmup_steps
+            self.value_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.value_optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _normalizer(self, action_mask: Tensor) -> float:
+        """The full batch's normalizer for the configured aggregation (see sao.rl.losses)."""
+        if self.config.agg == "token-mean":
+            return float(action_mask.sum().clamp(min=1))
+        if self.config.agg == "seq-mean-token-mean":
+            return float((action_mask.sum(-1) > 0).sum().clamp(min=1))
+        return float(self.config.agg_normalizer)
+
+    def _value(self) -> ValueModel:
+        if self.value_model is None:
+            raise ValueError("this Learner has no value model; pass value_model=ValueModel.from_policy(policy)")
+        return self.value_model
+
+    # ---- value model -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict_values(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The value model's current predictions, no gradient: (values [B, T] token-aligned, last [B]
+        the value after each row's final token), as in :meth:`ValueModel.token_values`."""
+        vm, cfg = self._value(), self.config
+        values, last = [], []
+        for mb in micro_batches(batch.to(self.device), cfg.token_budget):
+            with _autocast(self.device, cfg.bf16):
+                v, v_last = vm.token_values(mb.input_ids, mb.attention_mask)
+            values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
+            last.append(v_last.float())
+        return torch.cat(values), torch.cat(last)
+
+    def sao_advantages(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """SAO's policy advantages [B, T] (METHOD.md 1.6-1.7): GAE over action tokens with reward R at the
+        last action token, per-row ``lambda = 1 - 1 / (alpha * l)``, and V(after the last token) as the
+        bootstrap of truncated rows only (terminated rows bootstrap 0). ``values``: a
+        :meth:`predict_values` result to reuse; computed when None."""
+        batch = batch.to(self.device)
+        v, last = values if values is not None else self.predict_values(batch)
+        lam = adaptive_lambda(batch.action_mask.sum(-1), self.config.alpha)
+        bootstrap = torch.where(batch.truncated, last, 0.0)
+        adv, _ = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
+                                   gamma=self.config.gamma, lam=lam, bootstrap=bootstrap)
+        return adv
+
+    def with_critic_targets(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Batch:
+        """``batch`` with ``returns`` (lambda_critic = 1: the discounted reward-to-go, plus V(after the last
+        token) for truncated rows) and ``old_values`` (the current predictions, the clipping anchor)."""
+        batch = batch.to(self.device)
+        v, last = values if values is not None else self.predict_values(batch)
+        bootstrap = torch.where(batch.truncated, last, 0.0)
+        _, returns = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
+                                       gamma=self.config.gamma, lam=1.0, bootstrap=bootstrap)
+        return replace(batch, returns=returns, old_values=v)
+
+    def value_step(self, batch: Batch) -> dict[str, float]:
+        """One critic optimizer step on ``batch`` (clipped value loss at action tokens, METHOD.md 1.9).
+
+        Uses ``batch.returns`` / ``batch.old_values`` when set (so K TTUR steps share one target and one
+        clipping anchor), else computes them first with :meth:`with_critic_targets`."""
+        vm, cfg = self._value(), self.config
+        batch = batch.to(self.device)
+        if batch.returns is None or batch.old_values is None:
+            batch = self.with_critic_targets(batch)
+        norm = self._normalizer(batch.action_mask)
+        self.value_optimizer.zero_grad(set_to_none=True)
+        sums, loss_total, n_mb = defaultdict(float), 0.0, 0
+        for mb in micro_batches(batch, cfg.token_budget):
+            with _autocast(self.device, cfg.bf16):
+                values, _ = vm.token_values(mb.input_ids, mb.attention_mask)
+            loss, m = value_loss(values.float(), mb.old_values, mb.returns, mb.action_mask,
+                                 clip=cfg.value_clip, agg=cfg.agg, normalizer=norm)
+            loss.backward()
+            loss_total += loss.item()
+            n_mb += 1
+            for k, v in m.items():
+                sums[k] += v * mb.num_action_tokens
+        trainable = [p for p in vm.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or float("inf"))
+        lr = self.value_optimizer.param_groups[0]["lr"]
+        self.value_optimizer.step()
+        self.value_scheduler.step()
+        n = max(batch.num_action_tokens, 1)
+        return {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
+                "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
+
+    # ---- policy ----------------------------------------------------------------------------------
+
+    def policy_step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
+        """One policy optimizer step with the DIS loss (METHOD.md 1.8) against ``batch.rollout_logprobs``.
+
+        advantages: [B, T], token-aligned. Gradients are accumulated exactly over micro-batches of
+        ``config.token_budget`` tokens. Metrics: ``loss/policy``, ``dis/*``, ``grad_norm/policy``,
+        ``rollout/logprob_gap`` (mean |logp_train - logp_rollout| over action tokens, measured before the
+        step) and ``rollout/kl_k{1,2,3}`` (KL(pi_train || pi_rollout) estimates, same tokens).
+        """
+        cfg = self.config
+        batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
+        norm = self._normalizer(batch.action_mask)
+        self.policy_optimizer.zero_grad(set_to_none=True)
+        sums, loss_total, n_mb = defaultdict(float), 0.0, 0
+        for mb in micro_batches(batch, cfg.token_budget):
+            logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
+            loss, m = dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask,
+                                      eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, normalizer=norm)
+            loss.backward()
+            loss_total += loss.item()
+            n_mb += 1
+            with torch.no_grad():
+                act = mb.action_mask.bool()
+                gap = torch.where(act, (logp - mb.rollout_logprobs).abs(), 0.0).sum() / act.sum().clamp(min=1)
+                kl = kl_estimates(logp, mb.rollout_logprobs, act)
+            m |= {"rollout/logprob_gap": gap.item(), **{f"rollout/kl_{k[3:]}": v for k, v in kl.items()}}
+            for k, v in m.items():
+                sums[k] += v * mb.num_action_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip or float("inf"))
+        self.policy_optimizer.step()
+        n = max(batch.num_action_tokens, 1)
+        return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total,
+                "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
+                "policy/action_tokens": batch.num_action_tokens}
+
+    # ---- SAO, chained ----------------------------------------------------------------------------
+
+    def sao_step(self, batch: Batch) -> dict[str, float]:
+        """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
+        moves (so the critic never sees the outcome it is baselining), then ``ttur_k`` value steps
+        and one policy step (METHOD.md 1.4). Returns the last value step's and the policy step's metrics."""
+        batch = batch.to(self.device)
+        values = self.predict_values(batch)
+        advantages = self.sao_advantages(batch, values)
+        batch = self.with_critic_targets(batch, values)
+        metrics: dict[str, float] = {}
+        for _ in range(self.config.ttur_k):
+            metrics |= self.value_step(batch)
+        metrics |= self.policy_step(batch, advantages)
+        act = batch.action_mask.bool()
+        metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
+        return metrics
