@@ -42,7 +42,7 @@ def require_fields(rows: Iterable[dict[str, Any]], fields: Iterable[str], *, sou
     fields = tuple(fields)
     for i, row in enumerate(rows, start=1):
         for field in fields:
-            if _blank(row.get(field)):
+            if is_blank(row.get(field)):
                 state = "missing" if field not in row else "empty"
                 raise DatasetError(
                     f"{source}: row {i}: field {field!r} is {state}"
@@ -50,7 +50,8 @@ def require_fields(rows: Iterable[dict[str, Any]], fields: Iterable[str], *, sou
                 )
 
 
-def _blank(value: Any) -> bool:
+def is_blank(value: Any) -> bool:
+    """None, NaN, or a string of whitespace: a field that is there in name only."""
     if value is None:
         return True
     if isinstance(value, float) and math.isnan(value):

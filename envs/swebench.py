@@ -75,7 +75,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import platform
 import posixpath
@@ -98,7 +97,7 @@ from sao.sandboxes import (
 )
 
 from .core import Message, TextEnv
-from .datasets import load_rows
+from .datasets import is_blank, load_rows
 from .errors import DatasetError, TaskError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -162,14 +161,6 @@ class SWEInstance:
                 "FAIL_TO_PASS": list(self.fail_to_pass), "PASS_TO_PASS": list(self.pass_to_pass)}
 
 
-def _blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return True
-    return isinstance(value, str) and not value.strip()
-
-
 def _test_list(value: Any, where: str, name: str) -> tuple[str, ...]:
     if hasattr(value, "tolist"):  # numpy arrays from parquet
         value = value.tolist()
@@ -214,7 +205,7 @@ def instances_from_rows(rows: Sequence[Mapping[str, Any]], *, source: str) -> li
 
     if not rows:
         raise DatasetError(f"{source}: no rows")
-    incomplete = [(i, [f for f in HARNESS_FIELDS if _blank(r.get(f))]) for i, r in enumerate(rows, start=1)]
+    incomplete = [(i, [f for f in HARNESS_FIELDS if is_blank(r.get(f))]) for i, r in enumerate(rows, start=1)]
     incomplete = [(i, missing) for i, missing in incomplete if missing]
     if incomplete:
         i, missing = incomplete[0]
@@ -240,7 +231,7 @@ def instances_from_rows(rows: Sequence[Mapping[str, Any]], *, source: str) -> li
             raise DatasetError(f"{where}: FAIL_TO_PASS is empty; an instance needs at least one test it fixes")
         version = _version(r["version"])
         repo = str(r["repo"])
-        opt = {k: (None if _blank(r.get(k)) else str(r[k])) for k in ("test_cmd", "log_parser", "image")}
+        opt = {k: (None if is_blank(r.get(k)) else str(r[k])) for k in ("test_cmd", "log_parser", "image")}
         known = version in MAP_REPO_VERSION_TO_SPECS.get(repo, {})
         if not known:
             missing = [f for f in LOCAL_SPEC_FIELDS if opt[f] is None]

@@ -67,3 +67,20 @@ def vllm_server(smollm2_dir, tmp_path_factory):
 
     alive = [p.pid for p in tree if running(p)]
     assert not alive, f"vLLM processes survived stop(): {alive}"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A client of the real Docker daemon; skips without one, unless ``SAO_REQUIRE_DOCKER=1`` (CI) fails."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("SAO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"a Docker daemon is required here (SAO_REQUIRE_DOCKER=1) but none answers: {exc}")
+        pytest.skip(f"no Docker daemon answers ({exc}); start one with `bash scripts/setup-docker` "
+                    "or set SAO_REQUIRE_DOCKER=1 to make this a failure")
+    yield client
+    client.close()

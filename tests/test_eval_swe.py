@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,20 +12,6 @@ import pytest
 from tests.conftest import shared_file
 
 SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
-
-
-@pytest.fixture(scope="module")
-def docker_client():
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:  # noqa: BLE001
-        if os.environ.get("SAO_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"a Docker daemon is required here (SAO_REQUIRE_DOCKER=1) but none answers: {exc}")
-        pytest.skip(f"no Docker daemon answers: {exc}")
-    return client
 
 
 def _ours(client) -> list:

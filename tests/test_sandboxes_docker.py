@@ -9,7 +9,6 @@ once it exists the module takes well under 90 s. Every container made here carri
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import textwrap
@@ -36,20 +35,10 @@ LABEL = f"pytest-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture(scope="module")
-def client():
-    try:
-        import docker
-
-        c = docker.from_env()
-        c.ping()
-    except Exception as exc:  # noqa: BLE001
-        if os.environ.get("SAO_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"a Docker daemon is required here (SAO_REQUIRE_DOCKER=1) but none answers: {exc}")
-        pytest.skip(f"no Docker daemon answers ({exc}); start one with `dockerd` (docs/ENVIRONMENT.md) "
-                    "or set SAO_REQUIRE_DOCKER=1 to make this a failure")
+def client(docker_client):
+    c = docker_client
     yield c
     gc(label=LABEL, client=c)
-    c.close()
 
 
 @pytest.fixture(scope="module")

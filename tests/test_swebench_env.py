@@ -10,7 +10,6 @@ the module checks at the end that none is left.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,21 +42,11 @@ LABEL = f"pytest-swe-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture(scope="module")
-def client():
-    try:
-        import docker
-
-        c = docker.from_env()
-        c.ping()
-    except Exception as exc:  # noqa: BLE001
-        if os.environ.get("SAO_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"a Docker daemon is required here (SAO_REQUIRE_DOCKER=1) but none answers: {exc}")
-        pytest.skip(f"no Docker daemon answers ({exc}); start one with `dockerd` (docs/ENVIRONMENT.md) "
-                    "or set SAO_REQUIRE_DOCKER=1 to make this a failure")
+def client(docker_client):
+    c = docker_client
     yield c
     left = containers(c)
     gc(label=LABEL, client=c)
-    c.close()
     assert not left, f"containers left behind: {[x.name for x in left]}"
 
 
