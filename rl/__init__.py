@@ -7,6 +7,8 @@ Losses (``sao.rl.losses``): ``aggregate``, ``dis_mask``, ``dis_policy_loss``, ``
 Batches (``sao.rl.batch``): ``Batch``, ``collate``, ``micro_batches``.
 Value model (``sao.rl.value``): ``ValueModel``.
 Learner (``sao.rl.learner``): ``Learner``, ``LearnerConfig``, ``token_logprobs``.
+Weight sync (``sao.rl.sync``): ``save_checkpoint``, ``prune_versions``, ``list_versions``, ``WeightSync``,
+``NcclWeightSync`` (a GPU seam, not implemented).
 """
 
 from sao.rl.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
@@ -48,3 +50,7 @@ __all__ = [
     "token_logprobs",
     "ValueModel",
 ]
+
+from sao.rl.sync import NcclWeightSync, WeightSync, list_versions, prune_versions, save_checkpoint
+
+__all__ += ["NcclWeightSync", "WeightSync", "list_versions", "prune_versions", "save_checkpoint"]
