@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import httpx
 
-from .engine_errors import EngineError, EngineStartError
+from .errors import EngineError, EngineStartError
 
 log = logging.getLogger(__name__)
 

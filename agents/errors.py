@@ -15,17 +15,32 @@ Error model:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class AgentError(Exception):
     """Base class of this package's errors."""
 
 
 class EngineError(AgentError):
-    """The inference engine failed a request, or could not be started or reached."""
+    """The inference engine failed a request, or could not be started or reached.
+
+    ``status_code`` is the HTTP status (None: no answer, or not an HTTP failure); ``body`` the answer's text.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, body: str | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
 
 
 class EngineStartError(EngineError):
-    """A managed engine did not become healthy."""
+    """A managed engine exited or did not become healthy; the message ends with the log's tail."""
+
+    def __init__(self, message: str, *, log_path: Path | None = None, log_tail: str = ""):
+        super().__init__(message)
+        self.log_path = log_path
+        self.log_tail = log_tail
 
 
 class EngineUnavailableError(EngineError):
@@ -36,7 +51,7 @@ class EngineRequestError(EngineError):
     """The engine rejected the request (a 4xx answer other than context overflow)."""
 
     def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
+        super().__init__(message, status_code=status)
         self.status = status
 
 

@@ -227,7 +227,8 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         results.append({"task_id": task_id, "correct": correct})
         outcomes.append(correct)
         fallback += any(r is not None and r.info.get("graded_by") == "fallback" for r in runs)
-    done = [t for t in latest.values() if t.task_id in set(task_ids)]
+    planned = set(task_ids)
+    done = [t for t in latest.values() if t.task_id in planned]
     tokens = sum(t.num_action_tokens for t in done)
     pass_k = mean_pass_at_k(outcomes)
     summary = {

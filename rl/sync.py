@@ -267,7 +267,7 @@ class WeightSync:
         # EngineClient's HTTP client carries the server root and the API key; completions live under /v1.
         resp = await self.engine._http.post("/v1/completions", json=body, timeout=self.reload_timeout_s)
         if resp.status_code >= 400:
-            from sao.agents.engine_errors import EngineError
+            from sao.agents.errors import EngineError
 
             raise EngineError(f"POST {self.engine.root_url}/v1/completions: HTTP {resp.status_code}: {resp.text[:500]}",
                               status_code=resp.status_code, body=resp.text)

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig, free_port
-from sao.agents.engine_errors import EngineError, EngineStartError
+from sao.agents.errors import EngineError, EngineStartError
 from sao.agents.model import is_prepared, prepare_model, resolve_model
 
 ALIAS = "smollm2-135m"

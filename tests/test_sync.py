@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from sao.agents.engine import EngineClient, VLLMServer
-from sao.agents.engine_errors import EngineError
+from sao.agents.errors import EngineError
 from sao.rl import NcclWeightSync, WeightSync, list_versions, save_checkpoint
 from sao.rl.sync import prune_versions
 
