@@ -17,6 +17,7 @@ import difflib
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -99,6 +100,13 @@ def token_logprobs(
     return torch.where(attention_mask.bool(), torch.cat(pieces, dim=1), 0.0)
 
 
+class PolicyLoss(Protocol):
+    """A policy loss over one micro-batch: ``(logp [B, T] with grad, micro-batch, agg, normalizer) ->
+    (scalar loss, metrics)``. ``normalizer`` is the FULL batch's, so micro-batches sum exactly."""
+
+    def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]: ...
+
+
 def _pad_to(x: Tensor, width: int) -> Tensor:
     return nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -167,14 +175,17 @@ class Learner:
             last.append(v_last.float())
         return torch.cat(values), torch.cat(last)
 
-    def sao_advantages(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def sao_advantages(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None, *,
+                       lam: float | None = None) -> Tensor:
         """SAO's policy advantages [B, T] (METHOD.md 1.6-1.7): GAE over action tokens with reward R at the
         last action token, per-row ``lambda = 1 - 1 / (alpha * l)``, and V(after the last token) as the
         bootstrap of truncated rows only (terminated rows bootstrap 0). ``values``: a
-        :meth:`predict_values` result to reuse; computed when None."""
+        :meth:`predict_values` result to reuse; computed when None. ``lam``: a fixed lambda instead of
+        the length-adaptive one (the PPO/VAPO-style ablation)."""
         batch = batch.to(self.device)
         v, last = values if values is not None else self.predict_values(batch)
-        lam = adaptive_lambda(batch.action_mask.sum(-1), self.config.alpha)
+        if lam is None:
+            lam = adaptive_lambda(batch.action_mask.sum(-1), self.config.alpha)
         bootstrap = torch.where(batch.truncated, last, 0.0)
         adv, _ = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
                                    gamma=self.config.gamma, lam=lam, bootstrap=bootstrap)
@@ -223,8 +234,14 @@ class Learner:
 
     # ---- policy ----------------------------------------------------------------------------------
 
-    def policy_step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
-        """One policy optimizer step with the DIS loss (METHOD.md 1.8) against ``batch.rollout_logprobs``.
+    def _dis_loss(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
+        return dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask,
+                               eps_low=self.config.eps_low, eps_high=self.config.eps_high, agg=agg,
+                               normalizer=normalizer)
+
+    def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> dict[str, float]:
+        """One policy optimizer step; ``loss_fn`` None: the DIS loss (METHOD.md 1.8) against
+        ``batch.rollout_logprobs`` with the config's band. Any :class:`PolicyLoss` plugs in here.
 
         advantages: [B, T], token-aligned. Gradients are accumulated exactly over micro-batches of
         ``config.token_budget`` tokens. Metrics: ``loss/policy``, ``dis/*``, ``grad_norm/policy``,
@@ -238,8 +255,7 @@ class Learner:
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         for mb in micro_batches(batch, cfg.token_budget):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
-            loss, m = dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask,
-                                      eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, normalizer=norm)
+            loss, m = (loss_fn or self._dis_loss)(logp, mb, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()
             n_mb += 1
@@ -259,18 +275,43 @@ class Learner:
 
     # ---- SAO, chained ----------------------------------------------------------------------------
 
-    def sao_step(self, batch: Batch) -> dict[str, float]:
+    def sao_step(self, batch: Batch, *, lam: float | None = None, loss_fn: PolicyLoss | None = None
+                 ) -> dict[str, float]:
         """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
         moves (so the critic never sees the outcome it is baselining), then ``ttur_k`` value steps
-        and one policy step (METHOD.md 1.4). Returns the last value step's and the policy step's metrics."""
+        and one policy step (METHOD.md 1.4). ``lam`` / ``loss_fn`` swap in a fixed lambda and another
+        policy loss (PPO with a critic). Returns the last value step's and the policy step's metrics."""
         batch = batch.to(self.device)
         values = self.predict_values(batch)
-        advantages = self.sao_advantages(batch, values)
+        advantages = self.sao_advantages(batch, values, lam=lam)
         batch = self.with_critic_targets(batch, values)
-        metrics: dict[str, float] = {}
-        for _ in range(self.config.ttur_k):
-            metrics |= self.value_step(batch)
-        metrics |= self.policy_step(batch, advantages)
+        metrics = self.critic_steps(batch)
+        metrics |= self.policy_step(batch, advantages, loss_fn)
         act = batch.action_mask.bool()
         metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
         return metrics
+
+    def critic_steps(self, batch: Batch) -> dict[str, float]:
+        """``ttur_k`` value steps on one batch with one target and one clipping anchor (computed here
+        when ``batch.returns`` is unset), plus the explained variance of the values BEFORE them:
+        ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens. Also the critic-only
+        pretraining step (METHOD.md 1.3)."""
+        batch = batch.to(self.device)
+        if batch.returns is None or batch.old_values is None:
+            batch = self.with_critic_targets(batch)
+        act = batch.action_mask.bool()
+        metrics: dict[str, float] = {"value/explained_var": explained_variance(batch.old_values[act], batch.returns[act])}
+        for _ in range(self.config.ttur_k):
+            metrics |= self.value_step(batch)
+        return metrics
+
+
+def explained_variance(predicted: Tensor, target: Tensor) -> float:
+    """``1 - Var(target - predicted) / Var(target)``: 1 is perfect, 0 is no better than the mean,
+    negative is worse. NaN when the target has no variance (e.g. every reward equal)."""
+    if target.numel() < 2:
+        return float("nan")
+    var = target.float().var()
+    if float(var) < 1e-8:  # (near-)constant targets, e.g. every reward 0: the ratio means nothing
+        return float("nan")
+    return float(1.0 - (target.float() - predicted.float()).var() / var)

@@ -1,0 +1,137 @@
+"""Build the real parts of a training run from a :class:`TrainConfig` and run it.
+
+The policy is a Hugging Face causal LM in full precision on the learner's device; the engine is a
+managed local vLLM (``engine.base_url`` unset; started with the run, stopped at its end, its log in
+``RUN_DIR/vllm.log``) or an existing dev-mode vLLM on this filesystem. Everything else is
+:class:`~sao.rl.trainer.Trainer`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy
+from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
+from sao.agents.model import ensure_model
+from sao.envs import resolve
+from sao.rl.algos import make_algorithm
+from sao.rl.config import TrainConfig, validate
+from sao.rl.learner import Learner, LearnerConfig
+from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
+from sao.rl.sources import SyncRollout
+from sao.rl.sync import WeightSync
+from sao.rl.tasks import TaskStream
+from sao.rl.trainer import RunFiles, Trainer
+from sao.rl.value import ValueModel
+
+log = logging.getLogger(__name__)
+
+
+def learner_config(cfg: TrainConfig) -> LearnerConfig:
+    a, o = cfg.algo, cfg.optim
+    return LearnerConfig(lr=o.lr, value_lr=o.value_lr, value_warmup_steps=o.value_warmup_steps,
+                         weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
+                         ttur_k=a.ttur_k, gamma=a.gamma, alpha=a.alpha, eps_low=a.eps_low, eps_high=a.eps_high,
+                         value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
+                         freeze_value_attention=a.freeze_value_attention)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@contextlib.asynccontextmanager
+async def _engine(cfg: TrainConfig, model_path: str, run_dir: Path) -> AsyncIterator[tuple[str, str]]:
+    """(root URL, served model name) of the engine; a managed one lives as long as the context."""
+    served = cfg.engine.served_name or cfg.model.name
+    if cfg.engine.base_url:
+        root = cfg.engine.base_url.rstrip("/").removesuffix("/v1")
+        yield root, served
+        return
+    server = VLLMServer(VLLMServerConfig(
+        model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
+        kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype, extra_args=tuple(cfg.engine.extra_args),
+        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=run_dir / "vllm.log"))
+    server.start()  # from the main thread: the SIGTERM guard needs it (blocks until healthy)
+    try:
+        yield server.root_url, served
+    finally:
+        server.stop()
+
+
+def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    return dict(cfg.env.kwargs)
+
+
+async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    validate(cfg)
+    algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
+    env_name = resolve(cfg.env.name).name
+    tasks = TaskStream(env_name, env_kwargs(cfg), cfg.seed)
+    model_path = await asyncio.to_thread(ensure_model, cfg.model.name)
+    torch.manual_seed(cfg.seed)
+    device = _device(cfg.device)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    policy.eval()  # no dropout: the learner's log-probs must match the engine's
+    value = ValueModel.from_policy(policy).to(device) if algo.uses_critic else None
+    learner = Learner(policy, learner_config(cfg), value_model=value)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    renderers: dict[str, ChatRenderer] = {}
+
+    def renderer_for(tools: tuple[dict[str, Any], ...]) -> ChatRenderer:
+        key = json.dumps(tools, sort_keys=True)
+        if key not in renderers:
+            renderers[key] = ChatRenderer(tokenizer, tools)
+        return renderers[key]
+
+    async with _engine(cfg, model_path, run_dir) as (root, served), EngineClient(root) as engine:
+        client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
+                                        retry=RetryPolicy(), max_connections=cfg.rollout.concurrency)
+        try:
+            loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
+                              max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
+                              top_p=cfg.rollout.top_p)
+            source = SyncRollout(client=client, renderer_for=renderer_for, engine=engine, env_name=env_name,
+                                 env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks, group_size=cfg.algo.group_size,
+                                 concurrency=cfg.rollout.concurrency, seed=cfg.seed)
+            sync = WeightSync(engine, RunFiles(run_dir).weights, model_name=served,
+                              keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
+                              dtype=getattr(torch, cfg.model.engine_dtype))
+            trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
+                              pad_id=pad_id, sinks=sinks)
+            return await trainer.run()
+        finally:
+            await client.aclose()
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:
+    """Run (or resume) one training run in ``run_dir``; returns the last step's metrics."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str) + "\n")
+    sinks: list[MetricsSink] = []
+    if cfg.logger.console if console is None else console:
+        sinks.append(ConsoleSink(cfg.max_steps))
+    if cfg.logger.tensorboard:
+        purge = None
+        if cfg.resume:
+            from sao.rl.checkpoint import Checkpointer
+
+            latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()
+            purge = int(json.loads((latest / "state.json").read_text())["step"]) + 1 if latest else None
+        sinks.append(TensorBoardSink(RunFiles(run_dir).tensorboard, purge_step=purge))
+    return asyncio.run(_run(cfg, run_dir, sinks))

@@ -1,0 +1,148 @@
+"""Typed training configuration: the schema behind ``conf/`` (Hydra structured configs).
+
+``sao-train`` composes ``conf/config.yaml`` and its groups (``algo``, ``env``, ``model``, ``engine``,
+``rollout``, ``logger``) on top of :class:`TrainConfig`, so a misspelled key or a wrong type fails
+at once with Hydra's message, then converts the result into these dataclasses. Below the CLI,
+only these typed objects travel; no ``DictConfig`` is passed around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class AlgoConfig:
+    """Which update rule, and its knobs. ``name`` picks the class in :data:`sao.rl.algos.ALGORITHMS`;
+    each class reads only the fields it needs (the yaml of each ``algo`` option sets them)."""
+
+    name: str = "sao"
+    group_size: int = 1  # samples per prompt: 1 for single-rollout methods, G for GRPO
+    loss: str = "dis"  # dis | ppo (the policy loss; see sao.rl.algos.LOSSES)
+    eps_low: float = 0.3  # DIS band (1 - eps_low, 1 + eps_high); PPO clip range (0.2 / 0.28)
+    eps_high: float = 5.0
+    dual_clip_c: float | None = None  # PPO dual-clip constant (> 1), None: off
+    is_correction: str = "none"  # PPO only: none | tis (truncated IS) | icepop (masked IS)
+    is_cap: float = 2.0  # tis: min(pi_old / pi_rollout, is_cap)
+    icepop_low: float = 0.5  # icepop: weight 0 outside [icepop_low, icepop_high]
+    icepop_high: float = 2.0
+    scale_by_std: bool = True  # GRPO: divide by the group std; False: Dr.GRPO
+    lam: float | None = None  # fixed GAE lambda for the policy (ppo); None: length-adaptive (sao)
+    alpha: float = 1.5  # lambda = 1 - 1 / (alpha * action_tokens)
+    gamma: float = 1.0
+    ttur_k: int = 2  # value steps per policy step
+    baseline_window: int = 8  # reinforce_mean's running-mean window
+    value_clip: float | None = 0.2
+    freeze_value_attention: bool = True
+    agg: str = "token-mean"  # token-mean | seq-mean-token-mean | token-sum-norm
+    agg_normalizer: float | None = None  # token-sum-norm's constant (e.g. the max generation length)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    value_lr: float | None = None  # None: 5 x lr (METHOD.md 1.2)
+    value_warmup_steps: int = 10
+    weight_decay: float = 0.01
+    grad_clip: float | None = 1.0
+    token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
+    bf16: bool = False  # bf16 autocast (GPUs)
+
+
+@dataclass
+class EnvConfig:
+    """The environment the policy trains on (a registered name or short name) and its arguments."""
+
+    name: str = "arithmetic"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 1
+    max_tokens: int = 256  # generated tokens per trajectory, all turns together
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a local folder, a Hugging Face id, or an alias that ``sao-model prepare`` knows."""
+
+    name: str = "smollm2-135m"
+    dtype: str = "float32"  # the learner's master weights
+    engine_dtype: str = "bfloat16"  # what the engine serves and the weight sync writes
+
+
+@dataclass
+class EngineConfig:
+    """The inference engine. ``base_url`` None starts a managed local vLLM (killed at exit); otherwise
+    an already running vLLM started with ``VLLM_SERVER_DEV_MODE=1`` (weight reloads) whose
+    filesystem this process shares (the sync writes checkpoints it must read)."""
+
+    base_url: str | None = None
+    served_name: str | None = None  # the name in requests; None: model.name
+    max_model_len: int = 2048
+    kv_cache_gib: int = 2  # CPU KV cache
+    startup_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)
+    request_timeout_s: float = 600.0
+    probe: bool = True  # after each sync, compare engine and learner log-probs on a fixed sequence
+    probe_warn_gap: float = 0.05  # warn when engine and learner log-probs differ more after a sync
+    keep_weight_versions: int = 2
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = "sync"  # sync (this issue); asynchronous modes come with the orchestrator
+    concurrency: int = 32  # episodes in flight
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class LoggerConfig:
+    jsonl: bool = True  # DIR/metrics.jsonl (always written when true; the contract's file)
+    console: bool = True  # rich progress and one line per step
+    tensorboard: bool = True  # DIR/tensorboard/
+    save_trajectories: bool = True  # DIR/trajectories.jsonl, every episode as it finishes
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 20  # policy steps, each followed by a weight sync
+    output_dir: str | None = None  # None: Hydra's run folder
+    seed: int = 0
+    batch_size: int = 8  # trajectories per policy step (prompts x group_size)
+    value_pretrain_steps: int = 2  # critic-only batches before the first policy step (critic algorithms)
+    resume: bool = False
+    checkpoint_every: int = 5  # steps between resumable checkpoints (the last step is always saved)
+    keep_checkpoints: int = 2
+    device: str = "auto"  # auto: cuda when present, else cpu
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; the message says what to change."""
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Cross-field checks that a schema cannot express. Raises :class:`ConfigError`."""
+    for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.value_pretrain_steps < 0:
+        raise ConfigError(f"value_pretrain_steps must be >= 0, got {cfg.value_pretrain_steps}")
+    g = cfg.algo.group_size
+    if g < 1 or cfg.batch_size % g:
+        raise ConfigError(f"batch_size ({cfg.batch_size}) must be a positive multiple of algo.group_size ({g})")
+    if cfg.rollout.concurrency < 1:
+        raise ConfigError(f"rollout.concurrency must be >= 1, got {cfg.rollout.concurrency}")
+    if cfg.rollout.mode != "sync":
+        raise ConfigError(f"rollout={cfg.rollout.mode!r} is not available yet; this build trains with rollout=sync")
+    if cfg.env.max_turns < 1 or cfg.env.max_tokens < 1:
+        raise ConfigError("env.max_turns and env.max_tokens must be >= 1")
+    if cfg.env.max_tokens >= cfg.engine.max_model_len:
+        raise ConfigError(f"env.max_tokens ({cfg.env.max_tokens}) must be below engine.max_model_len "
+                          f"({cfg.engine.max_model_len}), which also holds the prompt")

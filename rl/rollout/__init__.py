@@ -1,0 +1,1 @@
+"""Rollout orchestration: clock-agnostic schedulers for every rollout mode, and their simulator."""

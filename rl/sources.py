@@ -1,0 +1,149 @@
+"""Where the learner's trajectories come from: the :class:`RolloutSource` seam, and ``rollout=sync``.
+
+The trainer asks a source for the next batch and tells it when new weights are live::
+
+    batch = await source.next_batch(n_trajectories, learner_version)   # finished, rewarded trajectories
+    ... update ...
+    await weight_sync.sync(policy, version + 1)
+    source.on_weights(version + 1)
+
+:class:`SyncRollout` (``rollout=sync``) does the simplest thing behind that seam: it draws the
+next prompts, runs ``group_size`` episodes per prompt with bounded concurrency against the engine,
+and returns when all of them have ended; the weights never change while it runs, so every token
+was sampled by version ``learner_version``, which it stamps on each turn (stock vLLM ``/v1``
+responses do not report a version) after checking the engine's own label before and after.
+Asynchronous sources (streaming, multi-version, pipelined) implement the same two calls, so the
+trainer does not change when they arrive.
+
+Failed episodes (the engine died, the environment raised) come back in ``RolloutBatch.failed``,
+recorded on disk like every other episode, and are not trained on: their reward says nothing about
+the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, run_episode
+from sao.envs import make
+from sao.rl.tasks import PromptRef, TaskStream, episode_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """What a source hands the learner: the trajectories to train on, and the ones that failed."""
+
+    trajectories: tuple[Trajectory, ...]  # status "ok", in prompt order (samples of a prompt adjacent)
+    failed: tuple[Trajectory, ...] = ()
+    prompts: tuple[PromptRef, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutSource(Protocol):
+    async def next_batch(self, n: int, learner_version: int) -> RolloutBatch: ...
+
+    def on_weights(self, version: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class VersionedEngine(Protocol):
+    async def weight_version(self) -> str | None: ...
+
+
+class SyncRollout:
+    """``rollout=sync``: one batch of episodes per call, all on the current weights (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        client: CompletionClient,
+        renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
+        engine: VersionedEngine | None,
+        env_name: str,
+        env_kwargs: dict[str, Any],
+        loop: LoopConfig,
+        tasks: TaskStream,
+        group_size: int,
+        concurrency: int,
+        seed: int,
+        on_trajectory: Callable[[Trajectory], None] = lambda t: None,
+    ):
+        self.client, self.renderer_for, self.engine = client, renderer_for, engine
+        self.env_name, self.env_kwargs, self.loop = env_name, env_kwargs, loop
+        self.tasks, self.group_size, self.seed = tasks, group_size, seed
+        self.on_trajectory = on_trajectory
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self.version = 0
+
+    def on_weights(self, version: int) -> None:
+        self.version = version
+
+    async def _episode(self, prompt: PromptRef, sample: int, version: int) -> Trajectory:
+        async with self._semaphore:
+            env = make(self.env_name, **self.env_kwargs)
+            try:
+                renderer = self.renderer_for(tuple(getattr(env.unwrapped, "tools", ())))
+                trajectory = await run_episode(env, self.client, renderer, self.loop, env_name=self.env_name,
+                                               task_id=prompt.task_id, sample=sample,
+                                               seed=episode_seed(self.seed, prompt.index, sample))
+            finally:
+                await asyncio.to_thread(env.close)
+        turns = tuple(replace(t, weight_version=str(version)) for t in trajectory.turns)
+        trajectory = replace(trajectory, turns=turns,
+                             info={**trajectory.info, "prompt_index": prompt.index, "policy_version": version})
+        self.on_trajectory(trajectory)
+        return trajectory
+
+    async def next_batch(self, n: int, learner_version: int) -> RolloutBatch:
+        if n % self.group_size:
+            raise ValueError(f"batch of {n} trajectories is not a multiple of group_size {self.group_size}")
+        if learner_version != self.version:
+            raise RuntimeError(f"sync rollout: engine holds version {self.version}, learner is at {learner_version}")
+        before = await self.engine.weight_version() if self.engine is not None else None
+        prompts = self.tasks.take(n // self.group_size)
+        t0 = time.monotonic()
+        done = await asyncio.gather(*(self._episode(p, s, self.version) for p in prompts for s in range(self.group_size)))
+        wall = time.monotonic() - t0
+        after = await self.engine.weight_version() if self.engine is not None else None
+        if before != after or (after is not None and after != str(self.version)):
+            raise RuntimeError(f"the engine's weight version changed during a sync rollout ({before!r} -> {after!r}, "
+                               f"expected {self.version}); is another trainer using this engine?")
+        ok = tuple(t for t in done if t.status == "ok")
+        failed = tuple(t for t in done if t.status != "ok")
+        return RolloutBatch(ok, failed, tuple(prompts), rollout_metrics(done, ok, wall))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tasks": self.tasks.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tasks.load_state_dict(state["tasks"])
+        self.version = int(state["version"])
+
+
+def rollout_metrics(all_: list[Trajectory] | tuple[Trajectory, ...], ok: tuple[Trajectory, ...], wall_s: float
+                    ) -> dict[str, float]:
+    """Per-batch rollout figures. Rewards and accuracy are over the trajectories trained on."""
+    tokens = sum(t.num_action_tokens for t in all_)
+    n_ok = max(len(ok), 1)
+    return {
+        "reward/mean": sum(t.reward for t in ok) / n_ok if ok else float("nan"),
+        "reward/accuracy": sum(t.correct for t in ok) / n_ok if ok else float("nan"),
+        "rollout/trajectories": float(len(all_)),
+        "rollout/failed": float(len(all_) - len(ok)),
+        "rollout/truncated_frac": sum(t.truncated for t in ok) / n_ok,
+        "rollout/response_tokens_mean": sum(t.num_action_tokens for t in ok) / n_ok,
+        "rollout/turns_mean": sum(len(t.turns) for t in ok) / n_ok,
+        "rollout/tokens": float(tokens),
+        "perf/rollout_s": wall_s,
+        "perf/rollout_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+    }

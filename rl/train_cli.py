@@ -1,0 +1,64 @@
+"""``sao-train``: Hydra at the edge, typed config below it.
+
+    sao-train max_steps=20 output_dir=runs/demo                  # SAO on arithmetic, local vLLM
+    sao-train algo=grpo batch_size=16 algo.group_size=4
+    sao-train -m algo=sao,grpo seed=1,2 output_dir=runs/sweep     # one folder per run: algo=sao,seed=1/ ...
+    sao-train max_steps=40 output_dir=runs/demo resume=true       # continue from the last checkpoint
+
+Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``)
+over the schema :class:`sao.rl.config.TrainConfig`. The run folder is ``output_dir`` (single run) or
+``output_dir/<overrides>`` (multirun); Hydra's own files go to its ``.hydra/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from sao.rl.config import ConfigError, TrainConfig
+
+log = logging.getLogger("sao.train")
+
+if not OmegaConf.has_resolver("sao.or"):
+    OmegaConf.register_new_resolver("sao.or", lambda value, default: default if value in (None, "") else value)
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def to_config(cfg: DictConfig) -> TrainConfig:
+    """The composed DictConfig as the typed :class:`TrainConfig` (resolving interpolations)."""
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, TrainConfig)
+    return obj
+
+
+@hydra.main(config_path="pkg://sao.conf", config_name="config", version_base="1.3")
+def _main(cfg: DictConfig) -> float | None:
+    from sao.rl.build import run_training
+    from sao.rl.trainer import TrainError
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        config = to_config(cfg)
+        config.output_dir = str(run_dir)
+        last = run_training(config, run_dir)
+    except (ConfigError, TrainError) as exc:
+        log.error("%s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(exc, ConfigError) else 1) from None
+    reward = last.get("reward/mean") if last else None
+    return float(reward) if isinstance(reward, (int, float)) else None  # for sweepers that optimize
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

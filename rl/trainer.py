@@ -1,0 +1,211 @@
+"""The training loop: rollout -> batch -> update -> weight sync -> log -> checkpoint, one policy step at a time.
+
+    resume from RUN_DIR/checkpoints/latest (resume=true), else start at step 0
+    sync the learner's policy into the engine as version `step`      # the engine serves what we train
+    critic-only pretraining: value_pretrain_steps batches (critic algorithms only)
+    for step in step+1 .. max_steps:
+        batch   = source.next_batch(batch_size, version)              # finished, rewarded trajectories
+        metrics = algo.update(learner, collate(batch))                # the critic's steps, one policy step
+        sync(policy, version = step)                                  # save + reload into vLLM + probe
+        log(step, metrics); checkpoint every `checkpoint_every` steps and at the end
+
+Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
+critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
+``info.train_step`` = the policy step it fed, 0 for pretraining), ``checkpoints/``, ``weights/``
+(the engine's versioned safetensors) and ``tensorboard/``. :func:`sao.rl.build.run_training` builds
+the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import nn
+
+from sao.agents.store import TrajectoryWriter
+from sao.rl.algos import Algorithm
+from sao.rl.batch import collate
+from sao.rl.checkpoint import Checkpointer, TrainState
+from sao.rl.config import TrainConfig
+from sao.rl.learner import Learner
+from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
+from sao.rl.sources import RolloutSource
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """The run cannot go on (every trajectory of a batch failed, a run folder in the way, ...)."""
+
+
+class Syncer(Protocol):
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]: ...
+
+
+@dataclass
+class RunFiles:
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def pretrain(self) -> Path:
+        return self.root / "value_pretrain.jsonl"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectories.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "weights"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+
+class Trainer:
+    """Drives one run (module doc). ``sinks`` receive the per-step metrics besides ``metrics.jsonl``."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        *,
+        learner: Learner,
+        algo: Algorithm,
+        source: RolloutSource,
+        weight_sync: Syncer,
+        pad_id: int,
+        sinks: list[MetricsSink] | None = None,
+    ):
+        self.cfg, self.files = cfg, RunFiles(Path(run_dir))
+        self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
+        self.pad_id = pad_id
+        self.extra_sinks = list(sinks or [])
+        self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
+        self.state = TrainState(0, 0, 0, {}, {})
+        self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
+        self._writer: TrajectoryWriter | None = None
+
+    # ---- start / resume --------------------------------------------------------------------------
+
+    def prepare(self) -> TrainState:
+        """Load the latest checkpoint (``resume=true``) or check that the folder is free; rewind the logs."""
+        files, cfg = self.files, self.cfg
+        files.root.mkdir(parents=True, exist_ok=True)
+        folder = self.checkpointer.latest() if cfg.resume else None
+        if folder is not None:
+            self.state = self.checkpointer.load(folder, self.learner)
+            self.source.load_state_dict(self.state.source)
+            self.algo.load_state_dict(self.state.algo)
+            log.info("resuming from %s (step %d, %d critic pretraining steps done)", folder, self.state.step,
+                     self.state.pretrain_steps)
+        elif not cfg.resume and files.metrics.exists() and files.metrics.stat().st_size > 0:
+            raise TrainError(f"{files.root} already holds a run (metrics.jsonl); pass resume=true to continue it, "
+                             "or choose another output_dir")
+        elif cfg.resume:
+            log.warning("resume=true but %s has no checkpoint; starting from step 0", files.checkpoints)
+        # Whatever was logged after the checkpoint is redone: drop it so no step appears twice.
+        step = self.state.step if folder is not None else -1
+        rewind_jsonl(files.metrics, step, "step")
+        rewind_jsonl(files.trajectories, step, "train_step")
+        rewind_jsonl(files.pretrain, self.state.pretrain_steps if folder is not None else -1, "pretrain_step")
+        return self.state
+
+    def _record(self, trajectory: Any) -> None:
+        from dataclasses import replace
+
+        if self._writer is not None:
+            info = {**trajectory.info, "train_step": self._train_step}
+            self._writer.write(replace(trajectory, info=info))
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        cfg, files = self.cfg, self.files
+        state = self.prepare()
+        sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
+        pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
+        self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
+        self.source.on_trajectory = self._record  # type: ignore[attr-defined]
+        last: dict[str, Any] = {}
+        try:
+            # The engine must serve exactly the learner's policy before anything is sampled.
+            first = await self.weight_sync.sync(self.learner.policy, state.version, probe=cfg.engine.probe)
+            self.source.on_weights(state.version)
+            log.info("engine serves version %d (sync %.2f s, probe gap %s)", state.version, first.get("perf/sync_s", 0),
+                     first.get("sync/probe_gap"))
+            await self._pretrain_critic(pretrain_sink)
+            for step in range(state.step + 1, cfg.max_steps + 1):
+                last = await self._step(step)
+                sink.log(step, last)
+                if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                    self._save(step)
+        finally:
+            sink.close()
+            if pretrain_sink is not None:
+                pretrain_sink.close()
+            if self._writer is not None:
+                self._writer.close()
+        return last
+
+    async def _pretrain_critic(self, sink: JsonlSink | None) -> None:
+        cfg = self.cfg
+        if not self.algo.uses_critic or self.state.pretrain_steps >= cfg.value_pretrain_steps:
+            return
+        self._train_step = 0
+        while self.state.pretrain_steps < cfg.value_pretrain_steps:
+            t0 = time.monotonic()
+            rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+            batch = self._collate(rollout, self.state.pretrain_steps + 1)
+            metrics = await asyncio.to_thread(self.learner.critic_steps, batch)
+            n = self.state.pretrain_steps + 1
+            self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
+                                    self.algo.state_dict())
+            if sink is not None:
+                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, "perf/step_s": time.monotonic() - t0})
+            log.info("critic pretraining %d/%d: value mse %.4f", n, cfg.value_pretrain_steps, metrics.get("value/mse", math.nan))
+        self._save(self.state.step)
+
+    async def _step(self, step: int) -> dict[str, Any]:
+        cfg, learner = self.cfg, self.learner
+        t0 = time.monotonic()
+        self._train_step = step
+        rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+        batch = self._collate(rollout, step)
+        t_update = time.monotonic()
+        metrics = await asyncio.to_thread(self.algo.update, learner, batch)
+        update_s = time.monotonic() - t_update
+        synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe)
+        self.source.on_weights(step)
+        self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
+        return {**rollout.metrics, **metrics, **synced, "rollout/weight_version": step - 1,
+                "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0}
+
+    def _collate(self, rollout: Any, step: int) -> Any:
+        if not rollout.trajectories:
+            causes = sorted({t.error or "unknown" for t in rollout.failed})
+            raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
+                             "They are recorded in trajectories.jsonl; fix the cause and rerun with resume=true")
+        if rollout.failed:
+            log.warning("step %d: %d of %d trajectories failed and are not trained on (recorded in %s)", step,
+                        len(rollout.failed), len(rollout.failed) + len(rollout.trajectories), self.files.trajectories)
+        return collate(list(rollout.trajectories), self.pad_id)
+
+    def _save(self, step: int) -> None:
+        path = self.checkpointer.save(self.learner, self.state)
+        log.info("checkpoint %s (step %d)", path, step)

@@ -1,0 +1,334 @@
+"""The training loop with scripted parts: a tiny random Llama as the policy, the scripted HTTP
+server as the engine's completions, a recording fake for its control endpoints.
+
+What is checked here, without vLLM: every algorithm writes the contract's metric keys (null where
+a key does not apply); the loop refuses to overwrite a run; a batch in which every episode failed
+stops the run with the cause, after recording the episodes; and resume is exact: 2 steps + resume
+to 3 ends with the same weights, optimizer moments, metrics and trajectories, bit for bit, as 3
+uninterrupted steps. The real vLLM + SmolLM2 version is tests/test_train_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from sao.agents import ByteTokenizer, ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy
+from sao.agents.fake_server import FakeServer, Reply
+from sao.rl.algos import ALGORITHMS, GRPO, PPOClipLoss, ReinforceMean, make_algorithm
+from sao.rl.batch import collate
+from sao.rl.build import learner_config
+from sao.rl.config import AlgoConfig, ConfigError, EngineConfig, EnvConfig, LoggerConfig, OptimConfig, TrainConfig, validate
+from sao.rl.learner import Learner
+from sao.rl.metrics_log import REQUIRED_KEYS, rewind_jsonl
+from sao.rl.sources import SyncRollout
+from sao.rl.sync import WeightSync
+from sao.rl.tasks import TaskStream
+from sao.rl.trainer import Trainer, TrainError
+from sao.rl.value import ValueModel
+
+FAST = RetryPolicy(max_retries=1, backoff_s=0.01, max_backoff_s=0.02)
+_QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")
+
+
+def _answer(prompt: str) -> int:
+    a, op, b = _QUESTION.search(prompt).groups()  # type: ignore[union-attr]
+    a, b = int(a), int(b)
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+
+
+def responder(request: dict, prompt: str) -> Reply:
+    """Deterministic in (prompt, seed): right for two seeds in three, with seed-dependent log-probs."""
+    seed = int(request.get("seed") or 0)
+    value = _answer(prompt) if seed % 3 else _answer(prompt) + 1
+    return Reply(text=f"The answer is \\boxed{{{value}}}.", logprob=-0.2 - 0.1 * (seed % 5))
+
+
+class FakeEngine:
+    """The control endpoints WeightSync and SyncRollout use, recorded."""
+
+    root_url = "http://fake"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.version: str | None = "default"
+
+    async def pause(self, *, mode: str = "abort") -> None:
+        self.calls.append("pause")
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+
+    async def reload_weights(self, path: Path, *, timeout_s: float | None = None) -> None:
+        assert (Path(path) / "model.safetensors").is_file()
+        self.calls.append(f"reload:{Path(path).name}")
+
+    async def set_weight_version(self, version: int | str) -> None:
+        self.version = str(version)
+
+    async def weight_version(self) -> str | None:
+        return self.version
+
+    async def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def tiny_policy(seed: int = 0):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=258, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+def config(algo: str = "sao", **overrides) -> TrainConfig:  # type: ignore[no-untyped-def]
+    from hydra import compose, initialize_config_module
+
+    import sao.rl.train_cli  # noqa: F401  (registers the schema and the resolver)
+    from sao.rl.train_cli import to_config
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        cfg = to_config(compose("config", overrides=[f"algo={algo}"]))
+    cfg = replace(cfg, batch_size=4, value_pretrain_steps=1, max_steps=2, checkpoint_every=1,
+                  optim=replace(cfg.optim, lr=1e-3, value_warmup_steps=0),
+                  env=replace(cfg.env, kwargs={**cfg.env.kwargs, "difficulty": 0.0, "ops": "+-"}, max_tokens=48),
+                  engine=replace(cfg.engine, probe=False), logger=LoggerConfig(console=False, tensorboard=False))
+    if cfg.algo.group_size > 1:
+        cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
+    return replace(cfg, **overrides)
+
+
+def make_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer, engine: FakeEngine) -> Trainer:
+    validate(cfg)
+    algo = make_algorithm(cfg.algo)
+    policy = tiny_policy()
+    value = ValueModel.from_policy(policy) if algo.uses_critic else None
+    learner = Learner(policy, learner_config(cfg), value_model=value)
+    client = OpenAICompletionClient(server.base_url, "fake", timeout_s=10, retry=FAST)
+    tasks = TaskStream("arithmetic", cfg.env.kwargs, cfg.seed)
+    source = SyncRollout(client=client, renderer_for=lambda tools: ChatRenderer(ByteTokenizer(), tools), engine=engine,
+                         env_name="arithmetic", env_kwargs=cfg.env.kwargs,
+                         loop=LoopConfig(max_turns=1, max_tokens=cfg.env.max_tokens, max_model_len=400),
+                         tasks=tasks, group_size=cfg.algo.group_size, concurrency=4, seed=cfg.seed)
+    sync = WeightSync(engine, run_dir / "weights", model_name="fake")  # type: ignore[arg-type]
+    return Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync, pad_id=257)
+
+
+def run(cfg: TrainConfig, run_dir: Path, server: FakeServer, engine: FakeEngine | None = None) -> Trainer:
+    trainer = make_trainer(cfg, run_dir, server, engine or FakeEngine())
+    asyncio.run(trainer.run())
+    return trainer
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def server():  # type: ignore[no-untyped-def]
+    with FakeServer(responder=responder) as s:
+        yield s
+
+
+# --------------------------------------------------------------------------- config and registry
+
+
+def test_every_algo_option_composes_into_its_class() -> None:
+    for name in ("sao", "ppo", "grpo", "grpo_dis", "reinforce_mean"):
+        cfg = config(name)
+        assert cfg.algo.name == name
+        assert isinstance(make_algorithm(cfg.algo), ALGORITHMS[name])
+    assert config("grpo").algo.loss == "ppo" and config("grpo_dis").algo.loss == "dis"
+    assert (config("grpo").algo.eps_low, config("grpo").algo.eps_high) == (0.2, 0.28)  # clip-higher
+    assert config("sao").algo.lam is None and config("ppo").algo.lam == 0.95
+
+
+def test_bad_configs_fail_with_a_message() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'grpo'"):
+        make_algorithm(AlgoConfig(name="grpp"))
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        GRPO(AlgoConfig(name="grpo", group_size=1, loss="ppo"))
+    with pytest.raises(ConfigError, match="group_size=1"):
+        ReinforceMean(AlgoConfig(name="reinforce_mean", group_size=4))
+    with pytest.raises(ConfigError, match="multiple of algo.group_size"):
+        validate(TrainConfig(batch_size=6, algo=AlgoConfig(name="grpo", group_size=4)))
+    with pytest.raises(ConfigError, match="not available yet"):
+        validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="async")))
+    with pytest.raises(ConfigError, match="is_correction"):
+        PPOClipLoss(is_correction="bogus")
+    from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import ValidationError
+
+    import sao.rl.train_cli  # noqa: F401
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        with pytest.raises((ConfigCompositionException, ValidationError)):
+            compose("config", overrides=["max_step=3"])  # a typo: the schema has no such key
+        with pytest.raises((ConfigCompositionException, ValidationError)):
+            compose("config", overrides=["batch_size=eight"])  # wrong type
+
+
+def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
+    # one row, tokens 1..2 are actions; A = +1 at both
+    from sao.rl.batch import Batch
+
+    logp = torch.tensor([[0.0, -1.0, -2.0]], requires_grad=True)
+    batch = Batch(input_ids=torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                  action_mask=torch.tensor([[0, 1, 1]]), rollout_logprobs=torch.tensor([[0.0, -1.0, -1.0]]),
+                  rewards=torch.tensor([1.0]), truncated=torch.tensor([False]),
+                  advantages=torch.tensor([[0.0, 1.0, 1.0]]))
+    loss, m = PPOClipLoss()(logp, batch, agg="token-mean", normalizer=2.0)
+    # on-policy: ratio = exp(logp - logp.detach()) = 1 -> loss = -(1 + 1) / 2 = -1; d/dlogp_t = -A_t / N = -0.5
+    assert loss.item() == pytest.approx(-1.0) and m["ppo/clip_frac"] == 0.0
+    loss.backward()
+    assert logp.grad.tolist() == [[0.0, -0.5, -0.5]]
+    # TIS: weight_t = min(exp(logp_old - logp_rollout), 2): token 1 exp(0) = 1, token 2 exp(-1) = 0.368
+    logp.grad = None
+    loss, m = PPOClipLoss(is_correction="tis", is_cap=2.0)(logp, batch, agg="token-mean", normalizer=2.0)
+    assert loss.item() == pytest.approx(-(1.0 + 0.36788) / 2, abs=1e-4)
+    assert m["is/weight_mean"] == pytest.approx((1.0 + 0.36788) / 2, abs=1e-4)
+    # IcePop with [0.5, 2]: token 2's 0.368 is outside -> weight 0
+    _, m = PPOClipLoss(is_correction="icepop")(logp, batch, agg="token-mean", normalizer=2.0)
+    assert m["is/zero_frac"] == pytest.approx(0.5)
+
+
+def test_reinforce_mean_baseline_round_trips_through_state() -> None:
+    algo = ReinforceMean(AlgoConfig(name="reinforce_mean", baseline_window=8))
+    for r in (1.0, 0.0, 1.0):
+        algo.baseline.update(r)
+    copy = ReinforceMean(AlgoConfig(name="reinforce_mean"))
+    copy.load_state_dict(json.loads(json.dumps(algo.state_dict())))  # through JSON, as the checkpoint stores it
+    assert copy.baseline.baseline() == pytest.approx(2 / 3)
+
+
+def test_task_stream_is_deterministic_and_resumable(tmp_path: Path) -> None:
+    a = TaskStream("arithmetic", {"seed": 3}, seed=3)
+    first = a.take(5) + a.take(5)
+    b = TaskStream("arithmetic", {"seed": 3}, seed=3)
+    b.load_state_dict(json.loads(json.dumps({**a.state_dict(), "cursor": 5})))
+    assert b.take(5) == first[5:]
+    assert [p.index for p in first] == list(range(10))
+    # a finite dataset: every task once per epoch, a new order each epoch
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"t{i}", "problem": f"{i}+0?", "answer": str(i)}) + "\n" for i in range(5)))
+    s = TaskStream("beyond-aime", {"data": str(data)}, seed=0)
+    epoch1, epoch2 = [p.task_id for p in s.take(5)], [p.task_id for p in s.take(5)]
+    assert sorted(epoch1) == sorted(epoch2) == [f"t{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="seed"):
+        TaskStream("arithmetic", {}, seed=1).load_state_dict(a.state_dict())
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@pytest.mark.parametrize("algo", ["sao", "ppo", "grpo", "grpo_dis", "reinforce_mean"])
+def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, server: FakeServer) -> None:
+    engine = FakeEngine()
+    trainer = run(config(algo, max_steps=2, keep_checkpoints=1), tmp_path, server, engine)
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert set(REQUIRED_KEYS) <= set(r)
+        assert isinstance(r["loss/policy"], float) and r["loss/policy"] == r["loss/policy"]
+        assert r["engine/weight_version"] == float(r["step"]) and r["perf/sync_s"] > 0
+        assert 0.0 <= r["reward/mean"] <= 1.0
+        critic = ALGORITHMS[algo].uses_critic
+        assert (r["loss/value"] is not None) == critic
+        assert (r["dis/mask_frac"] is not None) == (config(algo).algo.loss == "dis")
+    assert engine.version == "2"
+    assert engine.calls.count("pause") == 3  # the initial sync (version 0) and one per step
+    pretrain = tmp_path / "value_pretrain.jsonl"
+    assert pretrain.exists() == ALGORITHMS[algo].uses_critic
+    trajectories = lines(tmp_path / "trajectories.jsonl")
+    expected = 4 * (2 + (1 if ALGORITHMS[algo].uses_critic else 0))
+    assert len(trajectories) == expected
+    assert {t["info"]["train_step"] for t in trajectories} == ({0, 1, 2} if ALGORITHMS[algo].uses_critic else {1, 2})
+    # every turn is stamped with the version it was sampled with (train step s samples with s - 1)
+    assert all(turn["weight_version"] == str(max(t["info"]["train_step"] - 1, 0)) for t in trajectories
+               for turn in t["turns"])
+    assert trainer.state.step == 2
+
+
+def test_resume_is_exact(tmp_path: Path, server: FakeServer) -> None:
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    a = run(config("sao", max_steps=3), straight, server)
+    run(config("sao", max_steps=2), interrupted, server)
+    with pytest.raises(TrainError, match="resume=true"):
+        run(config("sao", max_steps=3), interrupted, server)  # not without resume=true
+    b = run(config("sao", max_steps=3, resume=True), interrupted, server)
+
+    for (name, p), q in zip(a.learner.policy.named_parameters(), b.learner.policy.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    for p, q in zip(a.learner.value_model.parameters(), b.learner.value_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    sa, sb = a.learner.policy_optimizer.state_dict()["state"], b.learner.policy_optimizer.state_dict()["state"]
+    assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
+
+    def strip(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    assert strip(lines(straight / "metrics.jsonl")) == strip(lines(interrupted / "metrics.jsonl"))
+
+    def episodes(run_dir: Path) -> list[tuple]:
+        return [(t["task_id"], t["seed"], tuple(t["token_ids"]), t["info"]["train_step"])
+                for t in lines(run_dir / "trajectories.jsonl")]
+
+    assert sorted(episodes(straight)) == sorted(episodes(interrupted))  # the same batches, none twice
+
+
+def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path: Path, server: FakeServer) -> None:
+    run(config("grpo", max_steps=3, checkpoint_every=2), tmp_path, server)
+    # a crash after step 3's log line but before its checkpoint: simulate by removing that checkpoint
+    ckpt = tmp_path / "checkpoints"
+    import shutil
+
+    shutil.rmtree(ckpt / "step_000003")
+    (ckpt / "latest").write_text("step_000002\n")
+    run(config("grpo", max_steps=3, checkpoint_every=2, resume=True), tmp_path, server)
+    assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    steps = [t["info"]["train_step"] for t in lines(tmp_path / "trajectories.jsonl")]
+    assert sorted(steps) == [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_a_batch_where_every_episode_failed_stops_with_the_cause(tmp_path: Path) -> None:
+    with FakeServer(responder=lambda req, prompt: Reply(status=500, error="engine on fire")) as broken:
+        with pytest.raises(TrainError, match="all 4 trajectories failed"):
+            run(config("grpo", max_steps=1), tmp_path, broken)
+    recorded = lines(tmp_path / "trajectories.jsonl")
+    assert len(recorded) == 4 and all(t["status"] == "failed" and "engine on fire" in t["error"] for t in recorded)
+
+
+def test_rewind_jsonl_keeps_earlier_steps_and_drops_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"info": {"step": 3}}\n{"step": 4')
+    assert rewind_jsonl(path, 2) == 2
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_checkpoint_round_trip_restores_rng(tmp_path: Path) -> None:
+    from sao.rl.checkpoint import Checkpointer, TrainState
+
+    policy = tiny_policy()
+    learner = Learner(policy, learner_config(TrainConfig()), value_model=None)
+    ck = Checkpointer(tmp_path, keep=1)
+    torch.manual_seed(123)
+    ck.save(learner, TrainState(1, 1, 0, {"x": 1}, {}))
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    with torch.no_grad():
+        policy.lm_head.weight.add_(1.0)
+    state = ck.load(ck.latest(), learner)
+    assert torch.equal(torch.rand(3), expected)
+    assert state.source == {"x": 1} and state.step == 1
+    assert torch.equal(policy.lm_head.weight, tiny_policy().lm_head.weight)  # weights back (tied head included)
+    ck.save(learner, TrainState(2, 2, 0, {}, {}))
+    assert [s for s, _ in ck.steps()] == [2] and (tmp_path / "latest").read_text().strip() == "step_000002"
