@@ -1,1 +1,82 @@
-"""Rollout orchestration: clock-agnostic schedulers for every rollout mode, and their simulator."""
+"""Rollout orchestration: clock-agnostic schedulers for every rollout mode, and their simulator.
+
+A scheduler is a pure state machine (the :class:`Scheduler` protocol): ``start(now)`` and
+``on_event(event, now)`` return the actions to execute; it never sleeps, reads a clock or does I/O.
+The same classes drive the discrete-event simulator (:mod:`sao.rl.rollout.sim`, ``sao-sim``) and a
+real asyncio driver over vLLM replicas and the learner, which would look like this::
+
+    scheduler = make_scheduler("multi_version", SchedulerConfig(batch_size=128), n_replicas=len(engines))
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    execute(scheduler.start(loop.time()))          # each action spawns a task that later puts
+    while not done:                                # its answer event on `events`:
+        event = await events.get()                 #   StartTrajectory -> TrajectoryFinished
+        execute(scheduler.on_event(event, loop.time()))   # SyncReplica -> SyncDone, TrainOn -> TrainStepDone
+
+One consumer feeds the scheduler, so it needs no locks. The driver contract (what each action
+means and which event answers it) is in :mod:`sao.rl.rollout.core`.
+
+Modes (:data:`MODES`): ``sync``, ``one_step_off``, ``async`` (SAO), ``multi_version`` (DORA),
+``pipe`` (RolloutPipe).
+"""
+
+from sao.rl.rollout.batched import OneStepOffScheduler, PipeScheduler, SyncScheduler
+from sao.rl.rollout.core import (
+    Action,
+    ConfigError,
+    CountingPrompts,
+    Discard,
+    Event,
+    LedgerError,
+    Prompt,
+    PromptSource,
+    RecordFailed,
+    ReplicaDied,
+    ReplicaRestarted,
+    ReplicaStatus,
+    Requeue,
+    RolloutError,
+    Scheduler,
+    SchedulerConfig,
+    StartTrajectory,
+    SyncDone,
+    SyncReplica,
+    TrainOn,
+    TrainStepDone,
+    TrajectoryFinished,
+)
+from sao.rl.rollout.ledger import Ledger
+from sao.rl.rollout.modes import MODES, make_scheduler
+from sao.rl.rollout.streaming import AsyncScheduler, MultiVersionScheduler
+
+__all__ = [
+    "Action",
+    "AsyncScheduler",
+    "ConfigError",
+    "CountingPrompts",
+    "Discard",
+    "Event",
+    "Ledger",
+    "LedgerError",
+    "MODES",
+    "MultiVersionScheduler",
+    "OneStepOffScheduler",
+    "PipeScheduler",
+    "Prompt",
+    "PromptSource",
+    "RecordFailed",
+    "ReplicaDied",
+    "ReplicaRestarted",
+    "ReplicaStatus",
+    "Requeue",
+    "RolloutError",
+    "Scheduler",
+    "SchedulerConfig",
+    "StartTrajectory",
+    "SyncDone",
+    "SyncReplica",
+    "SyncScheduler",
+    "TrainOn",
+    "TrainStepDone",
+    "TrajectoryFinished",
+    "make_scheduler",
+]

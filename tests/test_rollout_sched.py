@@ -1,0 +1,265 @@
+"""Unit tests of the clock-agnostic rollout schedulers, driven by small hand-built event sequences.
+
+Each test plays the driver: it feeds events with a made-up clock and checks the actions. After
+every event the scheduler's own invariant check (ledger balance, C1, ...) must pass.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sao.rl.rollout import (
+    AsyncScheduler,
+    ConfigError,
+    Discard,
+    Ledger,
+    LedgerError,
+    MultiVersionScheduler,
+    OneStepOffScheduler,
+    PipeScheduler,
+    Prompt,
+    RecordFailed,
+    ReplicaDied,
+    ReplicaRestarted,
+    Requeue,
+    SchedulerConfig,
+    StartTrajectory,
+    SyncDone,
+    SyncReplica,
+    SyncScheduler,
+    TrainOn,
+    TrainStepDone,
+    TrajectoryFinished,
+    make_scheduler,
+)
+
+ROLLOUT_DIR = Path(__file__).resolve().parents[1] / "rl" / "rollout"
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def feed(s, event, now=0.0):
+    out = s.on_event(event, now)
+    s.check()
+    return out
+
+
+def done(start: StartTrajectory, *versions: int, failed: bool = False) -> TrajectoryFinished:
+    return TrajectoryFinished(start.traj_id, versions or (start.version,), 10, failed, "boom" if failed else "")
+
+
+# ---------------------------------------------------------------- sync and one_step_off
+
+
+def test_sync_generates_trains_then_syncs_everything():
+    s = SyncScheduler(SchedulerConfig(batch_size=4, max_concurrency=2), n_replicas=2)
+    starts = s.start(0.0)
+    assert len(starts) == 4 and {a.replica for a in starts} == {0, 1} and {a.version for a in starts} == {0}
+    for a in starts[:3]:
+        assert feed(s, done(a)) == []  # the trainer waits for the whole batch
+    (train,) = feed(s, done(starts[3]))
+    assert train == TrainOn(0, tuple(a.traj_id for a in starts), final=True)
+    syncs = feed(s, TrainStepDone(1))
+    assert syncs == [SyncReplica(0, 1), SyncReplica(1, 1)]  # engines idle during train + sync
+    assert feed(s, SyncDone(0, 1)) == []  # the next batch waits for every replica
+    nxt = feed(s, SyncDone(1, 1))
+    assert len(of(nxt, StartTrajectory)) == 4 and {a.version for a in nxt} == {1}
+
+
+def test_one_step_off_generates_next_batch_while_training():
+    s = OneStepOffScheduler(SchedulerConfig(batch_size=2, max_concurrency=2), n_replicas=1)
+    b0 = s.start(0.0)
+    feed(s, done(b0[0]))
+    out = feed(s, done(b0[1]))
+    assert of(out, TrainOn) == [TrainOn(0, (b0[0].traj_id, b0[1].traj_id))]
+    b1 = of(out, StartTrajectory)
+    assert [a.version for a in b1] == [0, 0]  # batch 1 generates on version 0 while step 0 trains
+    feed(s, done(b1[0]))
+    assert feed(s, done(b1[1])) == []  # ready, but the trainer is busy
+    out = feed(s, TrainStepDone(1))
+    assert of(out, TrainOn) == [TrainOn(1, (b1[0].traj_id, b1[1].traj_id))]
+    assert of(out, SyncReplica) == [SyncReplica(0, 1)]
+    assert s.stats()["staleness/max"] == 1.0
+    b2 = feed(s, SyncDone(0, 1))
+    assert [a.version for a in b2] == [1, 1]
+
+
+# ---------------------------------------------------------------- async
+
+
+def _async_with_stale_trajectory(policy: str):
+    """Trajectory 1 runs on while the learner moves two versions ahead (k = 1)."""
+    s = AsyncScheduler(SchedulerConfig(batch_size=1, max_concurrency=2, staleness=1, stale_policy=policy), 1)
+    t0, t1 = s.start(0.0)  # outstanding limit (k + 1) * batch = 2
+    out = feed(s, done(t0))
+    assert of(out, TrainOn) == [TrainOn(0, (t0.traj_id,))]
+    (t2,) = of(out, StartTrajectory)
+    assert feed(s, TrainStepDone(1)) == [SyncReplica(0, 1)]  # weights update under running t1, t2
+    feed(s, SyncDone(0, 1))
+    out = feed(s, done(t2, 0, 1))
+    assert of(out, TrainOn) == [TrainOn(1, (t2.traj_id,))]  # staleness 1: fine
+    (t3,) = of(out, StartTrajectory)
+    feed(s, TrainStepDone(2))
+    feed(s, SyncDone(0, 2))
+    return s, t1, t3, feed(s, done(t1, 0, 1, 2))  # staleness 2 - 0 = 2 > k
+
+
+def test_async_drop_requeues_a_stale_trajectory():
+    s, t1, _, out = _async_with_stale_trajectory("drop")
+    assert of(out, Discard) == [Discard(t1.traj_id, "staleness 2 > 1")]
+    assert of(out, Requeue) == [Requeue(t1.traj_id, t1.prompt, "stale")]
+    assert not of(out, TrainOn)
+    (retry,) = of(out, StartTrajectory)
+    assert retry.prompt == Prompt(t1.prompt.group_id, attempt=1) and retry.version == 2
+    assert s.stats()["ledger/requeued"] == 1
+
+
+def test_async_mask_trains_the_stale_trajectory():
+    s, t1, _, out = _async_with_stale_trajectory("mask")
+    assert of(out, TrainOn) == [TrainOn(2, (t1.traj_id,))]
+    assert s.stats()["staleness/masked"] == 1 and s.stats()["staleness/max"] == 2
+
+
+def test_replica_death_requeues_in_flight_and_loses_nothing():
+    s = AsyncScheduler(SchedulerConfig(batch_size=2, max_concurrency=2, max_failures=2), n_replicas=2)
+    starts = s.start(0.0)
+    on0 = [a for a in starts if a.replica == 0]
+    out = feed(s, ReplicaDied(0))
+    assert sorted(a.traj_id for a in of(out, Requeue)) == sorted(a.traj_id for a in on0)
+    assert not of(out, StartTrajectory) or all(a.replica == 1 for a in of(out, StartTrajectory))
+    assert feed(s, done(on0[0])) == []  # a late answer from the dead replica is ignored
+    assert feed(s, ReplicaRestarted(0)) == [SyncReplica(0, 0)]  # synced before it serves
+    again = of(feed(s, SyncDone(0, 0)), StartTrajectory)
+    assert {a.prompt.attempt for a in again} == {1}
+    c = s.stats()
+    assert c["ledger/admitted"] == c["ledger/requeued"] + c["ledger/in_flight"]
+    out = feed(s, ReplicaDied(0))  # second failure of the same requests: recorded failed
+    assert len(of(out, RecordFailed)) == len(again) and not of(out, Requeue)
+
+
+# ---------------------------------------------------------------- multi_version (DORA)
+
+
+def test_multi_version_never_syncs_a_replica_with_work_in_flight():
+    s = MultiVersionScheduler(SchedulerConfig(batch_size=1, max_concurrency=1, staleness=2), n_replicas=2)
+    a, b = s.start(0.0)
+    assert {a.replica, b.replica} == {0, 1}
+    out = feed(s, done(a))
+    assert of(out, TrainOn) == [TrainOn(0, (a.traj_id,))]
+    (c,) = of(out, StartTrajectory)  # a's replica is free again, still on version 0
+    out = feed(s, TrainStepDone(1))
+    assert of(out, SyncReplica) == []  # both replicas busy on version 0: C1 says keep serving
+    out = feed(s, done(c))  # c's replica is now empty and old: it upgrades
+    assert of(out, SyncReplica) == [SyncReplica(c.replica, 1)]
+    assert of(out, TrainOn) == [TrainOn(1, (c.traj_id,))]
+    out = feed(s, SyncDone(c.replica, 1))
+    (d,) = of(out, StartTrajectory)
+    assert d.version == 1  # new work starts on the newest version
+    with pytest.raises(LedgerError, match="C1"):
+        s.on_event(done(b, 0, 1), 1.0)  # a driver that switched b's weights breaks C1
+
+
+def test_multi_version_trainer_waits_rather_than_exceed_staleness():
+    cfg = SchedulerConfig(batch_size=1, max_concurrency=4, staleness=1, admit_lag=0)
+    s = MultiVersionScheduler(cfg, n_replicas=1)
+    first = s.start(0.0)
+    assert len(first) == 2  # at most (k + 1) * batch untrained trajectories at once
+    long, short = first
+    out = feed(s, done(short))
+    assert of(out, TrainOn) == [TrainOn(0, (short.traj_id,))]
+    out = feed(s, TrainStepDone(1))  # the replica still runs `long` on version 0: no sync, no new work
+    assert not of(out, SyncReplica)
+    # step 1 needs `long` (version 0 must be trained by version 1): nothing else can be trained
+    out = feed(s, done(long))
+    assert of(out, TrainOn) == [TrainOn(1, (long.traj_id,))]
+    assert s.stats()["staleness/max"] == 1.0
+
+
+# ---------------------------------------------------------------- pipe (RolloutPipe)
+
+
+def test_pipe_admits_frontier_group_first_and_ships_complete_groups_fifo():
+    cfg = SchedulerConfig(batch_size=6, group_size=2, max_concurrency=1, micro_groups=1)
+    s = PipeScheduler(cfg, n_replicas=2)
+    g0a, g0b = s.start(0.0)
+    assert (g0a.prompt.group_id, g0b.prompt.group_id) == (0, 0)  # FGD: group 0's two samples first
+    (g1a,) = of(feed(s, done(g0a)), StartTrajectory)
+    assert g1a.prompt.key == (1, 0)
+    out = feed(s, done(g0b))  # group 0 complete -> first micro-batch, while group 1 still runs
+    assert of(out, TrainOn) == [TrainOn(0, (g0a.traj_id, g0b.traj_id), final=False)]
+    (g1b,) = of(out, StartTrajectory)
+    assert g1b.prompt.key == (1, 1)
+    (g2a,) = of(feed(s, done(g1a)), StartTrajectory)
+    (g2b,) = of(feed(s, done(g2a)), StartTrajectory)
+    out = feed(s, done(g2b))  # group 2 completes before group 1: FIFO of completion
+    assert of(out, TrainOn) == [TrainOn(0, (g2a.traj_id, g2b.traj_id), final=False)]
+    out = feed(s, done(g1b))
+    assert of(out, TrainOn) == [TrainOn(0, (g1a.traj_id, g1b.traj_id), final=True)]
+    assert of(feed(s, TrainStepDone(1)), SyncReplica) == [SyncReplica(0, 1), SyncReplica(1, 1)]
+
+
+def test_pipe_without_fgd_admits_sample_major():
+    cfg = SchedulerConfig(batch_size=4, group_size=2, max_concurrency=1, frontier_first=False)
+    a, b = PipeScheduler(cfg, n_replicas=2).start(0.0)
+    assert (a.prompt.key, b.prompt.key) == ((0, 0), (1, 0))
+
+
+def test_a_request_that_fails_for_good_fails_its_group_and_a_fresh_group_replaces_it():
+    cfg = SchedulerConfig(batch_size=4, group_size=2, max_concurrency=4, max_failures=1)
+    s = SyncScheduler(cfg, n_replicas=1)
+    g0a, g0b, g1a, g1b = s.start(0.0)
+    feed(s, done(g0a))
+    out = feed(s, done(g0b, failed=True))
+    assert {(a.traj_id, a.cause) for a in of(out, RecordFailed)} == {(g0b.traj_id, "boom"), (g0a.traj_id, "group failed")}
+    fresh = of(out, StartTrajectory)
+    assert {a.prompt.group_id for a in fresh} == {2}
+    for a in (g1a, g1b, *fresh):
+        out = feed(s, done(a))
+    assert of(out, TrainOn) == [TrainOn(0, (g1a.traj_id, g1b.traj_id, *(a.traj_id for a in fresh)))]
+
+
+# ---------------------------------------------------------------- ledger, config, registry
+
+
+def test_ledger_refuses_illegal_moves_and_balances():
+    led = Ledger()
+    led.admit(0, Prompt(0), replica=0, version=0, now=0.0)
+    with pytest.raises(LedgerError, match="admitted twice"):
+        led.admit(0, Prompt(1), replica=0, version=0, now=0.0)
+    with pytest.raises(LedgerError, match="in_flight"):
+        led.train([0], step=0)  # not finished yet
+    led.finish(0, (0,), 5, now=1.0)
+    assert led.train([0], step=3) == [3]
+    with pytest.raises(LedgerError, match="trained"):
+        led.requeue(0, "stale")
+    led.check()
+    led.counts["trained"] += 1  # a corrupted count is caught
+    with pytest.raises(LedgerError, match="admitted 1"):
+        led.check()
+
+
+def test_bad_config_fails_with_a_clear_message():
+    with pytest.raises(ConfigError, match="multiple of group_size"):
+        SchedulerConfig(batch_size=10, group_size=4)
+    with pytest.raises(ConfigError, match="did you mean 'drop'"):
+        SchedulerConfig(stale_policy="dorp")
+    with pytest.raises(ConfigError, match="did you mean 'multi_version'"):
+        make_scheduler("multiversion", SchedulerConfig(), 2)
+    with pytest.raises(ConfigError, match="group_size=1"):
+        make_scheduler("async", SchedulerConfig(batch_size=8, group_size=2), 2)
+
+
+def test_rollout_package_does_not_import_torch():
+    """The schedulers must stay light: no torch, and nothing of the learner, in sao.rl.rollout."""
+    for path in ROLLOUT_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.startswith("torch"), f"{path.name} imports {name}"
+                assert not name.startswith("sao.") or name.startswith("sao.rl.rollout"), f"{path.name} imports {name}"
