@@ -84,3 +84,49 @@ def docker_client():
                     "or set SAO_REQUIRE_DOCKER=1 to make this a failure")
     yield client
     client.close()
+
+
+def engine_call(server, fn):  # type: ignore[no-untyped-def]
+    """Run ``await fn(EngineClient)`` against ``server`` from synchronous test code."""
+    import asyncio
+
+    from sao.agents.engine import EngineClient
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with EngineClient(server.root_url) as client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def engine_probe(server) -> list[float]:  # type: ignore[no-untyped-def]
+    """The engine's log-probs on WeightSync's fixed probe sequence."""
+    from sao.rl.sync import WeightSync
+
+    async def go(client):  # type: ignore[no-untyped-def]
+        return await WeightSync(client, Path("unused"), model_name=server.model_name).engine_logprobs()
+
+    return engine_call(server, go)
+
+
+@pytest.fixture
+def restore_engine(vllm_server, smollm2_dir):  # type: ignore[no-untyped-def]
+    """The shared server, with the prepared weights (and the version label) put back afterwards, even
+    on failure, and a check that the engine's log-probs are the ones it had before."""
+    label = engine_call(vllm_server, lambda c: c.weight_version())
+    before = engine_probe(vllm_server)
+    yield vllm_server
+
+    async def restore(client):  # type: ignore[no-untyped-def]
+        await client.pause(mode="keep")
+        try:
+            await client.reload_weights(Path(smollm2_dir).resolve(), timeout_s=300)
+            await client.reset_prefix_cache()
+            if label is not None:
+                await client.set_weight_version(label)
+        finally:
+            await client.resume()
+
+    engine_call(vllm_server, restore)
+    after = engine_probe(vllm_server)
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) < 1e-3, "original weights not restored"

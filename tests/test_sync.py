@@ -153,44 +153,6 @@ def test_sync_call_order_and_resume_on_failure(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- against the real vLLM
 
-def _engine_call(server: VLLMServer, fn):  # type: ignore[no-untyped-def]
-    async def go():  # type: ignore[no-untyped-def]
-        async with EngineClient(server.root_url) as client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
-
-@pytest.fixture
-def restore_engine(vllm_server: VLLMServer, smollm2_dir: Path):  # type: ignore[no-untyped-def]
-    """Put the prepared weights (and the version label) back into the shared server afterwards,
-    and check that the engine's log-probs are the ones it had before."""
-    label = _engine_call(vllm_server, lambda c: c.weight_version())
-    before = _engine_call(vllm_server, _probe(vllm_server))
-    yield vllm_server
-
-    async def restore(client: EngineClient) -> None:
-        await client.pause(mode="keep")
-        try:
-            await client.reload_weights(Path(smollm2_dir).resolve(), timeout_s=300)
-            await client.reset_prefix_cache()
-            if label is not None:
-                await client.set_weight_version(label)
-        finally:
-            await client.resume()
-
-    _engine_call(vllm_server, restore)
-    after = _engine_call(vllm_server, _probe(vllm_server))
-    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) < 1e-3, "original weights not restored"
-
-
-def _probe(server: VLLMServer):  # type: ignore[no-untyped-def]
-    async def go(client: EngineClient) -> list[float]:
-        return await WeightSync(client, Path("unused"), model_name=server.model_name).engine_logprobs()
-
-    return go
-
-
 @pytest.mark.vllm
 def test_weight_sync_into_vllm(restore_engine: VLLMServer, smollm2_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM

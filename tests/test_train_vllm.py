@@ -1,0 +1,153 @@
+"""Training for real on the CPU: SmolLM2-135M as the learner, the session's vLLM as the engine.
+
+The runs use the shared server through ``engine.base_url`` (starting a second vLLM would cost a
+minute) and the ``restore_engine`` fixture puts the prepared weights back afterwards. The learning
+rate is large (1e-4) on purpose: the engine serves bf16, and a 1e-6 step moves few weights across
+a bf16 rounding boundary in two steps, so "the engine's log-probs moved" would not be observable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import engine_call, engine_probe
+from sao.rl.config import TrainConfig
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def real_config(algo: str, server, **overrides) -> TrainConfig:  # type: ignore[no-untyped-def]
+    from hydra import compose, initialize_config_module
+
+    import sao.rl.train_cli  # noqa: F401
+    from sao.rl.train_cli import to_config
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        cfg = to_config(compose("config", overrides=[f"algo={algo}"]))
+    cfg = replace(cfg, batch_size=4, value_pretrain_steps=1, max_steps=2, checkpoint_every=1, keep_checkpoints=2,
+                  optim=replace(cfg.optim, lr=1e-4, value_warmup_steps=0),
+                  env=replace(cfg.env, kwargs={**cfg.env.kwargs, "ops": "+-"}, max_tokens=64),
+                  engine=replace(cfg.engine, base_url=server.root_url, served_name=server.model_name),
+                  logger=replace(cfg.logger, console=False, tensorboard=False))
+    if cfg.algo.group_size > 1:
+        cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
+    return replace(cfg, **overrides)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def policy_delta(checkpoint: Path, base_dir: Path) -> float:
+    """Max |w_trained - w_base| over the policy's tensors."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).state_dict()
+    trained = load_file(str(checkpoint / "policy.safetensors"))
+    return max(float((trained[k] - base[k]).abs().max()) for k in trained)
+
+
+def test_sao_and_grpo_two_steps_each_with_exact_resume(restore_engine, smollm2_dir: Path, tmp_path: Path) -> None:
+    from sao.rl.build import run_training
+
+    server = restore_engine
+    base_probe = engine_probe(server)
+    try:
+        for algo in ("sao", "grpo"):
+            run_dir = tmp_path / algo
+            cfg = real_config(algo, server)
+            run_training(replace(cfg, output_dir=str(run_dir)), run_dir)
+            rows = lines(run_dir / "metrics.jsonl")
+            assert [r["step"] for r in rows] == [1, 2]
+            for r in rows:
+                assert math.isfinite(r["loss/policy"])
+                assert (r["loss/value"] is not None and math.isfinite(r["loss/value"])) == (algo == "sao")
+                assert r["engine/weight_version"] == r["step"]
+                assert r["sync/probe_gap"] < 0.05  # the engine serves what the learner holds
+                print(f"\n{algo} step {r['step']}: reward {r['reward/mean']:.3f} loss/policy {r['loss/policy']:+.4f} "
+                      f"loss/value {r['loss/value']} mask {r['dis/mask_frac']} sync {r['perf/sync_s']:.2f}s "
+                      f"update {r['perf/update_s']:.1f}s step {r['perf/step_s']:.1f}s")
+            assert engine_call(server, lambda c: c.weight_version()) == "2"  # the version advanced
+            # weights changed in the learner ...
+            delta = policy_delta(run_dir / "checkpoints" / "step_000002", smollm2_dir)
+            assert delta > 1e-5, delta
+            # ... and in the engine: its log-probs on the probe moved away from the base model's
+            moved = sum(abs(a - b) for a, b in zip(engine_probe(server), base_probe)) / len(base_probe)
+            print(f"{algo}: max |dw| {delta:.2e}, engine probe log-probs moved {moved:.4f} (mean)")
+            assert moved > 1e-3
+
+        # Exact resume: a copy of the SAO run rewound to its step-1 checkpoint redoes step 2 on the same
+        # prompts with the same seeds, from the same learner state and the same engine weights.
+        original, resumed = tmp_path / "sao", tmp_path / "sao-resumed"
+        shutil.copytree(original, resumed, copy_function=os.link, ignore=shutil.ignore_patterns("step_000002", "weights"))
+        (resumed / "checkpoints" / "latest").write_text("step_000001\n")
+        cfg = real_config("sao", server, resume=True)
+        run_training(replace(cfg, output_dir=str(resumed)), resumed)
+
+        def step2(run_dir: Path) -> list[tuple]:
+            return sorted((t["task_id"], t["sample"], t["seed"], tuple(t["token_ids"]))
+                          for t in lines(run_dir / "trajectories.jsonl") if t["info"]["train_step"] == 2)
+
+        a, b = step2(original), step2(resumed)
+        assert [x[:3] for x in a] == [x[:3] for x in b] and len(a) == 4  # the same next batch
+        same_tokens = sum(x == y for x, y in zip(a, b))
+        print(f"resume: {same_tokens}/4 step-2 episodes token-identical to the uninterrupted run")
+        assert same_tokens == 4  # vLLM's seeded sampling on the same bf16 weights
+        assert [r["step"] for r in lines(resumed / "metrics.jsonl")] == [1, 2]
+        ra, rb = lines(original / "metrics.jsonl")[1], lines(resumed / "metrics.jsonl")[1]
+        assert rb["reward/mean"] == ra["reward/mean"]
+        assert rb["loss/policy"] == pytest.approx(ra["loss/policy"], rel=1e-4, abs=1e-6)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)  # checkpoints are ~3 GB per SAO step
+
+
+def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
+    server = restore_engine
+    exe = Path(sys.executable).with_name("sao-train")
+    common = ["max_steps=1", "batch_size=4", "value_pretrain_steps=0", "env.max_tokens=32", "keep_checkpoints=1",
+              f"engine.base_url={server.root_url}", "logger.tensorboard=false", "optim.lr=1e-4"]
+    try:
+        sweep = tmp_path / "sweep"
+        out = subprocess.run([str(exe), "-m", "algo=sao,grpo", "seed=1,2", f"output_dir={sweep}", *common],
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        folders = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+        assert folders == ["algo=grpo,seed=1", "algo=grpo,seed=2", "algo=sao,seed=1", "algo=sao,seed=2"], folders
+        for name in folders:
+            rows = lines(sweep / name / "metrics.jsonl")
+            assert len(rows) == 1 and rows[0]["step"] == 1
+            config = json.loads((sweep / name / "config.json").read_text())
+            assert f"algo={config['algo']['name']},seed={config['seed']}" == name
+            assert (sweep / name / "checkpoints" / "latest").is_file()
+
+        single = tmp_path / "single"
+        first = subprocess.run([str(exe), f"output_dir={single}", "algo=reinforce_mean", *common],
+                               capture_output=True, text=True, timeout=600)
+        assert first.returncode == 0, first.stderr[-3000:]
+        again = subprocess.run([str(exe), f"output_dir={single}", "algo=reinforce_mean", *common],
+                               capture_output=True, text=True, timeout=600)
+        assert again.returncode == 1 and "resume=true" in again.stderr  # never overwrites a run
+        common[0] = "max_steps=2"
+        resumed = subprocess.run([str(exe), f"output_dir={single}", "algo=reinforce_mean", "resume=true", *common],
+                                 capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        rows = lines(single / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2] and rows[1]["engine/weight_version"] == 2
+        assert rows[1]["loss/value"] is None and rows[1]["dis/mask_frac"] is not None
+
+        bad = subprocess.run([str(exe), "algo=sao", "batch_size=3", "algo.group_size=2", f"output_dir={tmp_path / 'bad'}"],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and "multiple of algo.group_size" in bad.stderr
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
