@@ -124,6 +124,7 @@ class _BatchMode:
         self.batch: GroupBatch | None = None
         self._group_of: dict[int, Group] = {}
         self._barrier: set[int] = set()  # replicas syncing before the next batch may start
+        self._barrier_version = 0  # the version they sync to: the next batch's
         self._open_after_barrier = False
 
     # ------------------------------------------------------------ Scheduler protocol
@@ -141,6 +142,7 @@ class _BatchMode:
         elif isinstance(event, SyncDone):
             if self.book.pool.end_sync(event.replica, event.version):
                 self._barrier.discard(event.replica)
+                out += self._realign(event.replica)
         elif isinstance(event, ReplicaDied):
             self._barrier.discard(event.replica)
             actions, routed = self.book.died(event)
@@ -153,6 +155,8 @@ class _BatchMode:
             raise TypeError(f"{self.name}: unknown event {event!r}")
         if self._open_after_barrier and not self._barrier:
             out += self._open_batch(now)
+            for r in self.book.pool:
+                out += self._realign(r.rid)
         return out + self._admit(now)
 
     def stats(self) -> dict[str, float]:
@@ -164,12 +168,22 @@ class _BatchMode:
     # ------------------------------------------------------------ shared steps
 
     def _serving_version(self) -> int:
-        return self.batch.version if self.batch else self.book.published
+        if self.batch is not None:
+            return self.batch.version
+        return self._barrier_version if self._open_after_barrier else self.book.published
+
+    def _realign(self, rid: int) -> list[Action]:
+        """A serving replica on another version than the open batch's (restarted meanwhile, or
+        synced ahead) is synced to the batch's version; it holds no work of the batch."""
+        r = self.book.pool[rid]
+        if self.batch is None or r.version == self.batch.version or r.status is not ReplicaStatus.SERVING or r.in_flight:
+            return []
+        return [self.book.sync(rid, self.batch.version)]
 
     def _open_batch(self, now: float) -> list[Action]:
+        version = self._barrier_version if self._open_after_barrier else self.book.published
         self._open_after_barrier = False
-        self.batch = GroupBatch(self.book.published, self.config.groups_per_batch, self.config.group_size,
-                                self.book.source)
+        self.batch = GroupBatch(version, self.config.groups_per_batch, self.config.group_size, self.book.source)
         log.debug("%s: batch for step %d opens on version %d at %.1f s", self.name, self.book.next_step,
                   self.batch.version, now)
         return self._admit(now)
@@ -177,6 +191,7 @@ class _BatchMode:
     def _sync_all_then_open(self) -> list[Action]:
         """Sync every live replica to the newest version; the next batch opens when all are done."""
         out = []
+        self._barrier_version = self.book.published
         for r in self.book.pool.alive():
             out.append(self.book.sync(r.rid))
             self._barrier.add(r.rid)
