@@ -2,8 +2,8 @@
 
 Comparisons (same workload, batch size and number of steps, hence the same sample budget):
 
-* ``async`` vs ``sync``: trajectories/h ratio (goal >= 3x at 256 engines, with the ``async``
-  trainer idle <= 5%); the tokens/s ratio is reported beside it because dropping stale
+* ``async`` (and ``async_mask``) vs ``sync``: trajectories/h ratio (goal >= 3x at 256 engines,
+  with the trainer idle <= 5%); the tokens/s ratio is reported beside it because dropping stale
   trajectories favours short ones.
 * ``multi_version`` vs ``one_step_off``: trajectories/h ratio (goal >= 1.3x).
 * ``pipe`` vs ``sync_grpo`` (both GRPO groups, on-policy): reduction of ``rollout_to_train_end_s``
@@ -36,6 +36,9 @@ COMPARISONS: tuple[tuple[str, str, str, str, str, float | None, str], ...] = (
     ("trajectories_per_hour_vs_sync", "async", "sync", "trajectories_per_hour", "ratio", 3.0,
      "async / sync trajectories/h"),
     ("tokens_per_s_vs_sync", "async", "sync", "tokens_per_s", "ratio", None, "async / sync trained tokens/s"),
+    ("trajectories_per_hour_vs_sync", "async_mask", "sync", "trajectories_per_hour", "ratio", 3.0,
+     "async_mask / sync trajectories/h"),
+    ("tokens_per_s_vs_sync", "async_mask", "sync", "tokens_per_s", "ratio", None, "async_mask / sync trained tokens/s"),
     ("trajectories_per_hour_vs_one_step_off", "multi_version", "one_step_off", "trajectories_per_hour", "ratio", 1.3,
      "multi_version / one_step_off trajectories/h"),
     ("rollout_to_train_end_reduction_vs_sync_grpo", "pipe", "sync_grpo", "rollout_to_train_end_s", "reduction", 0.40,
@@ -43,7 +46,7 @@ COMPARISONS: tuple[tuple[str, str, str, str, str, float | None, str], ...] = (
     ("trainer_wait_reduction_vs_sync_grpo", "pipe", "sync_grpo", "trainer_wait_ratio", "reduction", 0.60,
      "pipe vs sync_grpo: trainer waiting cut"),
 )
-LABELS = {c[0]: c[6] for c in COMPARISONS}
+LABELS = {(c[1], c[0]): c[6] for c in COMPARISONS}
 ASYNC_IDLE_GOAL = 0.05
 
 
@@ -153,12 +156,14 @@ def render(grid: Grid, console) -> None:
     for n in engines:
         for mode, entries in comparisons(grid[n]).items():
             for name, e in entries.items():
-                label = LABELS[name]
+                label = LABELS[(mode, name)]
                 g = e["goal"]
                 goals[label] = ("-" if g is None else g if isinstance(g, str) else
                                 f">= {g:.0%}" if "reduction" in name else f">= {g:g}x")
                 mark = "" if e["met"] is None else " ok" if e["met"] else " MISSED"
                 value = f"{e['value']:.2f}x" if "reduction" not in name else f"{e['value']:.1%}"
+                if "trainer_idle_ratio" in e:
+                    value += f" (idle {e['trainer_idle_ratio']:.0%})"
                 rows.setdefault(label, []).append(value + mark)
     for label, cells in rows.items():
         t.add_row(label, goals[label], *cells)

@@ -10,9 +10,10 @@ The simulator is also the schedulers' auditor: it computes staleness from the ve
 engines used, checks that the scheduler's beliefs match its engines (version, liveness), and
 counts ``lost`` attempts independently of the scheduler's ledger (:mod:`metrics`).
 
-Modes: the five scheduler names plus ``sync_grpo`` (the ``sync`` scheduler with GRPO groups of
-``grpo_group_size``: ``pipe``'s baseline). ``pipe`` and ``sync_grpo`` use groups; the other modes
-sample one rollout per prompt; every mode trains ``steps x batch_size`` trajectories.
+Modes: the five scheduler names plus two variants: ``sync_grpo`` (the ``sync`` scheduler with
+GRPO groups of ``grpo_group_size``: ``pipe``'s baseline) and ``async_mask`` (``async`` with the
+``mask`` stale policy whatever the config says). ``pipe`` and ``sync_grpo`` use groups; the other
+modes sample one rollout per prompt; every mode trains ``steps x batch_size`` trajectories.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import heapq
 import logging
 import random
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sao.rl.rollout.core import (
     Action,
@@ -48,14 +49,23 @@ from sao.rl.rollout.simconfig import SimConfig
 
 log = logging.getLogger(__name__)
 
-# mode -> (scheduler, uses GRPO groups)
-SIM_MODES: dict[str, tuple[str, bool]] = {
-    "sync": ("sync", False),
-    "one_step_off": ("one_step_off", False),
-    "async": ("async", False),
-    "multi_version": ("multi_version", False),
-    "pipe": ("pipe", True),
-    "sync_grpo": ("sync", True),
+@dataclass(frozen=True)
+class SimMode:
+    """A simulated mode: the scheduler it runs, whether it samples GRPO groups, config overrides."""
+
+    scheduler: str
+    grpo: bool = False
+    overrides: tuple[tuple[str, object], ...] = ()
+
+
+SIM_MODES: dict[str, SimMode] = {
+    "sync": SimMode("sync"),
+    "one_step_off": SimMode("one_step_off"),
+    "async": SimMode("async"),
+    "multi_version": SimMode("multi_version"),
+    "pipe": SimMode("pipe", grpo=True),
+    "sync_grpo": SimMode("sync", grpo=True),
+    "async_mask": SimMode("async", overrides=(("stale_policy", "mask"),)),
 }
 
 _ENGINE, _ENV, _SYNC, _TRAIN, _DIE, _RESTART = range(6)
@@ -114,10 +124,10 @@ class Simulation:
             raise unknown_name("mode", mode, tuple(SIM_MODES))
         if n_engines < 1:
             raise SimError(f"need at least one engine, got {n_engines}")
-        base, grpo = SIM_MODES[mode]
+        spec = SIM_MODES[mode]
         self.mode, self.config, self.n = mode, config, n_engines
-        self.sched_config = config.scheduler_for(grpo)
-        self.scheduler = make_scheduler(base, self.sched_config, n_engines)
+        self.sched_config = replace(config.scheduler_for(spec.grpo), **dict(spec.overrides))
+        self.scheduler = make_scheduler(spec.scheduler, self.sched_config, n_engines)
         self.engines = [SimEngine(i, config.engine) for i in range(n_engines)]
         self.on_engine: list[set[int]] = [set() for _ in range(n_engines)]
         self.check_every = check_every

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sao-sim", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"comma list of modes (default {DEFAULT_MODES}); pipe adds its baseline sync_grpo")
+                   help=f"comma list of modes (default {DEFAULT_MODES}; also async_mask, sync_grpo); "
+                        "pipe adds its baseline sync_grpo")
     p.add_argument("--engines", type=_int_list, default=[256], help="engine replicas, a comma list (default 256)")
     p.add_argument("--scenario", default="paper_like", choices=sorted(SCENARIOS))
     p.add_argument("--seed", type=_positive, default=0)
