@@ -244,10 +244,14 @@ class WeightSync:
         if probe:
             probe_at = time.perf_counter()
             engine_lp = await self.engine_logprobs()
-            learner_lp = await asyncio.to_thread(self.learner_logprobs, model)
+            learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype)
+            full_lp = await asyncio.to_thread(self.learner_logprobs, model)
             gaps = [abs(a - b) for a, b in zip(engine_lp, learner_lp, strict=True)]
             metrics["sync/probe_gap"] = sum(gaps) / len(gaps)
             metrics["sync/probe_gap_max"] = max(gaps)
+            # the same against the full-precision master weights: adds the engine dtype's rounding
+            metrics["sync/probe_gap_master"] = sum(abs(a - b) for a, b in zip(engine_lp, full_lp)) / len(gaps)
+            metrics["sync/probe_engine_logprob"] = sum(engine_lp) / len(engine_lp)
             metrics["perf/probe_s"] = time.perf_counter() - probe_at
             if metrics["sync/probe_gap"] > self.warn_gap:
                 log.warning("weight sync to version %d: engine and learner log-probs differ by %.4f on average "
@@ -274,12 +278,29 @@ class WeightSync:
         per_position = resp.json()["choices"][0]["prompt_logprobs"][1:]  # the first token has no prefix
         return [float(entry[str(tok)]["logprob"]) for tok, entry in zip(self.probe_ids[1:], per_position, strict=True)]
 
-    def learner_logprobs(self, model: nn.Module) -> list[float]:
-        """The learner's log-prob of each probe token after the first (no gradients, model's own dtype)."""
+    def learner_logprobs(self, model: nn.Module, *, round_to: torch.dtype | None = None) -> list[float]:
+        """The learner's log-prob of each probe token after the first (no gradients, model's own dtype).
+
+        ``round_to``: compute with every floating parameter rounded to that dtype first (what the engine
+        was sent), so the gap isolates "the engine serves these weights" from the precision the engine
+        serves them in: once training has moved the fp32 master weights off the bf16 grid, rounding
+        alone moves log-probs by a few hundredths, about the size of a real missed update. The
+        parameters are swapped for rounded copies and put back afterwards (one extra copy in memory).
+        """
         device = next(model.parameters()).device
         ids = torch.tensor([self.probe_ids], dtype=torch.long, device=device)
+        originals: list[tuple[nn.Parameter, torch.Tensor]] = []
         with torch.no_grad():
-            out = token_logprobs(model, ids, torch.ones_like(ids))
+            try:
+                if round_to is not None:
+                    for p in model.parameters():
+                        if p.is_floating_point() and p.dtype != round_to:
+                            originals.append((p, p.data))
+                            p.data = p.data.to(round_to).to(p.dtype)
+                out = token_logprobs(model, ids, torch.ones_like(ids))
+            finally:
+                for p, data in originals:
+                    p.data = data
         return out[0, 1:].tolist()
 
 

@@ -25,8 +25,27 @@ from sao.rl.config import ConfigError, TrainConfig
 
 log = logging.getLogger("sao.train")
 
+_SWEEP_FUNCTIONS = ("range(", "choice(", "glob(", "interval(", "tag(")
+
+
+def sweep_dirname(task_overrides: list[str], argv: list[str] | None = None) -> str:
+    """A multirun job's folder name: its values of the keys the command line sweeps (``algo=sao,seed=1``),
+    in command-line order. Hydra's own ``override_dirname`` names every override, sweep or not."""
+    argv = sys.argv[1:] if argv is None else argv
+    swept = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and not key.startswith(("-", "hydra.")) and ("," in value or value.startswith(_SWEEP_FUNCTIONS)):
+            swept.append(key.lstrip("+~"))
+    values = dict(o.partition("=")[::2] for o in task_overrides)
+    parts = [f"{k}={values[k]}" for k in swept if k in values]
+    return ",".join(parts) or "run"
+
+
 if not OmegaConf.has_resolver("sao.or"):
     OmegaConf.register_new_resolver("sao.or", lambda value, default: default if value in (None, "") else value)
+if not OmegaConf.has_resolver("sao.sweep_dirname"):
+    OmegaConf.register_new_resolver("sao.sweep_dirname", lambda overrides: sweep_dirname(list(overrides)))
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
