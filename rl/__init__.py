@@ -1,56 +1,50 @@
-"""The learner (SAO and its baselines). Public surface so far: the RL math as small pure functions.
+"""The learner (SAO and its baselines), its training loop, and the rollout schedulers.
 
-Advantages (``sao.rl.advantages``): ``token_rewards``, ``adaptive_lambda``, ``gae_action_tokens``,
-``grpo_advantages``, ``RunningMeanBaseline``.
-Losses (``sao.rl.losses``): ``aggregate``, ``dis_mask``, ``dis_policy_loss``, ``ppo_clip_loss``,
-``truncated_is_weights``, ``masked_is_weights``, ``value_loss``, ``kl_estimates``.
-Batches (``sao.rl.batch``): ``Batch``, ``collate``, ``micro_batches``.
-Value model (``sao.rl.value``): ``ValueModel``.
-Learner (``sao.rl.learner``): ``Learner``, ``LearnerConfig``, ``token_logprobs``.
-Weight sync (``sao.rl.sync``): ``save_checkpoint``, ``prune_versions``, ``list_versions``, ``WeightSync``,
-``NcclWeightSync`` (a GPU seam, not implemented).
+Names are imported on first use (PEP 562), so that ``sao.rl.rollout`` (pure Python: the schedulers
+and the simulator) and light entry points do not pay for torch.
+
+RL math (small pure functions): ``token_rewards``, ``adaptive_lambda``, ``gae_action_tokens``,
+``grpo_advantages``, ``RunningMeanBaseline`` (``advantages``); ``aggregate``, ``dis_mask``,
+``dis_policy_loss``, ``ppo_clip_loss``, ``truncated_is_weights``, ``masked_is_weights``,
+``value_loss``, ``kl_estimates`` (``losses``).
+Learner: ``Batch``, ``collate``, ``micro_batches`` (``batch``); ``ValueModel`` (``value``);
+``Learner``, ``LearnerConfig``, ``token_logprobs`` (``learner``); algorithms ``ALGORITHMS``,
+``make_algorithm`` (``algos``).
+Weight sync: ``save_checkpoint``, ``prune_versions``, ``list_versions``, ``WeightSync``,
+``NcclWeightSync`` (a GPU seam, not implemented) (``sync``).
+Training: ``TrainConfig`` (``config``), ``Trainer`` (``trainer``), ``run_training`` (``build``).
 """
 
-from sao.rl.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
-from sao.rl.losses import (
-    AGG_MODES,
-    aggregate,
-    dis_mask,
-    dis_policy_loss,
-    kl_estimates,
-    masked_is_weights,
-    ppo_clip_loss,
-    truncated_is_weights,
-    value_loss,
-)
-from sao.rl.batch import Batch, collate, micro_batches
-from sao.rl.learner import Learner, LearnerConfig, token_logprobs
-from sao.rl.value import ValueModel
+from __future__ import annotations
 
-__all__ = [
-    "AGG_MODES",
-    "RunningMeanBaseline",
-    "adaptive_lambda",
-    "aggregate",
-    "dis_mask",
-    "dis_policy_loss",
-    "gae_action_tokens",
-    "grpo_advantages",
-    "kl_estimates",
-    "masked_is_weights",
-    "ppo_clip_loss",
-    "token_rewards",
-    "truncated_is_weights",
-    "value_loss",
-    "Batch",
-    "collate",
-    "micro_batches",
-    "Learner",
-    "LearnerConfig",
-    "token_logprobs",
-    "ValueModel",
-]
+import importlib
+from typing import Any
 
-from sao.rl.sync import NcclWeightSync, WeightSync, list_versions, prune_versions, save_checkpoint
+_EXPORTS = {
+    ".advantages": ("RunningMeanBaseline", "adaptive_lambda", "gae_action_tokens", "grpo_advantages", "token_rewards"),
+    ".losses": ("AGG_MODES", "aggregate", "dis_mask", "dis_policy_loss", "kl_estimates", "masked_is_weights",
+                "ppo_clip_loss", "truncated_is_weights", "value_loss"),
+    ".batch": ("Batch", "collate", "micro_batches"),
+    ".learner": ("Learner", "LearnerConfig", "token_logprobs"),
+    ".value": ("ValueModel",),
+    ".algos": ("ALGORITHMS", "make_algorithm"),
+    ".sync": ("NcclWeightSync", "WeightSync", "list_versions", "prune_versions", "save_checkpoint"),
+    ".config": ("TrainConfig",),
+    ".trainer": ("Trainer",),
+    ".build": ("run_training",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
 
-__all__ += ["NcclWeightSync", "WeightSync", "list_versions", "prune_versions", "save_checkpoint"]
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -41,7 +41,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
+    lr: float = 1e-5  # the 135M CPU demo; the paper (30B) uses 1e-6 (see conf/config.yaml)
     value_lr: float | None = None  # None: 5 x lr (METHOD.md 1.2)
     value_warmup_steps: int = 10
     weight_decay: float = 0.01
@@ -105,7 +105,7 @@ class LoggerConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 20  # policy steps, each followed by a weight sync
+    max_steps: int = 10  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
     seed: int = 0
     batch_size: int = 8  # trajectories per policy step (prompts x group_size)
