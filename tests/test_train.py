@@ -332,3 +332,26 @@ def test_checkpoint_round_trip_restores_rng(tmp_path: Path) -> None:
     assert torch.equal(policy.lm_head.weight, tiny_policy().lm_head.weight)  # weights back (tied head included)
     ck.save(learner, TrainState(2, 2, 0, {}, {}))
     assert [s for s, _ in ck.steps()] == [2] and (tmp_path / "latest").read_text().strip() == "step_000002"
+
+
+def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from sao.rl.report import main as report, series
+
+    for name, algo, seed in (("a", "sao", 1), ("b", "sao", 2), ("c", "grpo", 1)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text(json.dumps({"algo": {"name": algo}, "seed": seed, "batch_size": 8}))
+        rows = [{"step": s, "reward/mean": s / 10, "loss/policy": -0.1, "loss/value": None if algo == "grpo" else 0.2,
+                 "dis/mask_frac": 0.01, "rollout/trajectories": 8.0} for s in range(1, 6)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "curves.png"
+    assert report([str(tmp_path / n) for n in "abc"] + ["--out", str(out), "--x", "samples", "--label", "algo"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert "loss/value" in capsys.readouterr().out
+    # x = trajectories seen: 8, 16, ...; null values are skipped, not drawn as 0
+    assert series(lines(tmp_path / "a" / "metrics.jsonl"), "reward/mean", "samples", 8) == ([8, 16, 24, 32, 40],
+                                                                                          [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert series(lines(tmp_path / "c" / "metrics.jsonl"), "loss/value", "step", 8) == ([], [])
+    (tmp_path / "empty").mkdir()
+    assert report([str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err

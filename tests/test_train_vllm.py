@@ -159,3 +159,32 @@ def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
         assert bad.returncode == 2 and "multiple of algo.group_size" in bad.stderr
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Path) -> None:
+    """The README's main job, shortened: `sao-train` with the default configuration starts its own
+    vLLM, trains, and stops it (its log stays in the run folder)."""
+    import psutil
+
+    exe = Path(sys.executable).with_name("sao-train")
+    run_dir = tmp_path / "main"
+    def vllm_pids() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["cmdline"]) if "vllm" in " ".join(p.info["cmdline"] or []).lower()}
+
+    before = vllm_pids()
+    try:
+        out = subprocess.run([str(exe), "max_steps=1", f"output_dir={run_dir}", "batch_size=2", "value_pretrain_steps=1",
+                              "env.max_tokens=32", "engine.kv_cache_gib=1", "keep_checkpoints=1"],
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = lines(run_dir / "metrics.jsonl")
+        assert len(rows) == 1 and rows[0]["engine/weight_version"] == 1 and math.isfinite(rows[0]["loss/value"])
+        config = json.loads((run_dir / "config.json").read_text())
+        assert (config["algo"]["name"], config["env"]["name"], config["model"]["name"]) == ("sao", "arithmetic",
+                                                                                          "smollm2-135m")
+        assert "Application startup complete" in (run_dir / "vllm.log").read_text()
+        assert len(lines(run_dir / "value_pretrain.jsonl")) == 1
+        after = vllm_pids()
+        assert after <= before, f"vLLM processes left behind: {after - before}"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
