@@ -29,7 +29,7 @@ from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
 from sao.rl.sync import WeightSync
-from sao.rl.tasks import TaskStream
+from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.trainer import RunFiles, Trainer, TrainError
 from sao.rl.value import ValueModel
 
@@ -80,7 +80,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
     env_name = resolve(cfg.env.name).name
-    tasks = TaskStream(env_name, env_kwargs(cfg), cfg.seed)
+    tasks = ScheduledTaskStream(env_name, env_kwargs(cfg), cfg.seed, cfg.schedule)
     model_path = await asyncio.to_thread(ensure_model, cfg.model.name)
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
@@ -112,7 +112,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                               keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
                               dtype=getattr(torch, cfg.model.engine_dtype))
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
-                              pad_id=pad_id, sinks=sinks)
+                              pad_id=pad_id, sinks=sinks, tasks=tasks)
             return await trainer.run()
         finally:
             await client.aclose()

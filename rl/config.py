@@ -104,6 +104,30 @@ class LoggerConfig:
 
 
 @dataclass
+class ScheduleConfig:
+    """How the task distribution changes during training (module doc). Hydra-structured: plain types.
+
+    Each entry of ``phases`` is a dict with the keys of :class:`Phase`: ``families`` (required),
+    ``weights``, ``difficulty``, ``steps`` (kind ``phases``: the phase's length; the last may omit
+    it), ``advance_at``, ``min_steps``, ``window`` (kind ``reward_gated``: the gate; the last phase
+    needs none). Keys a phase omits take the top-level defaults below.
+    """
+
+    kind: str = "none"  # none | phases | drift | reward_gated
+    phases: list[dict[str, Any]] = field(default_factory=list)  # phases, reward_gated
+    families: list[str] = field(default_factory=lambda: ["add", "sub", "mul", "div"])  # drift: the families drawn
+    weights: list[float] | None = None  # drift: relative weight per family; None: uniform
+    difficulty: float = 0.0  # phases, reward_gated: a phase's difficulty when it sets none
+    start_difficulty: float = 0.0  # drift: difficulty at step 0 ...
+    end_difficulty: float = 1.0  # ... and at step over_steps and after
+    over_steps: int = 100
+    window: int = 32  # reward_gated default: trajectories in the gate's reward window
+    min_steps: int = 0  # reward_gated default: steps a phase lasts at least
+    eval_every: int = 0  # steps between probes of every family seen so far (forgetting); 0: never
+    eval_prompts: int = 8  # prompts per family in a probe (the same fixed set each time)
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 10  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
@@ -121,6 +145,7 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # online learning: the task distribution
 
 
 class ConfigError(ValueError):

@@ -38,13 +38,14 @@ import re
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from sao.envs import resolve
 from sao.envs.arithmetic import OPS, make_task
 from sao.envs.errors import did_you_mean
+from sao.rl.config import ScheduleConfig
 from sao.rl.tasks import TaskStream
 
 FAMILIES: tuple[str, ...] = tuple(OPS.values())  # add, sub, mul, div
@@ -54,30 +55,6 @@ _ARITH_ID = re.compile(r"^(add|sub|mul|div)-d\d+-s\d+-i\d+$")
 
 class ScheduleError(ValueError):
     """A schedule configuration or checkpoint the run cannot use; the message says what to change."""
-
-
-@dataclass
-class ScheduleConfig:
-    """How the task distribution changes during training (module doc). Hydra-structured: plain types.
-
-    Each entry of ``phases`` is a dict with the keys of :class:`Phase`: ``families`` (required),
-    ``weights``, ``difficulty``, ``steps`` (kind ``phases``: the phase's length; the last may omit
-    it), ``advance_at``, ``min_steps``, ``window`` (kind ``reward_gated``: the gate; the last phase
-    needs none). Keys a phase omits take the top-level defaults below.
-    """
-
-    kind: str = "none"  # none | phases | drift | reward_gated
-    phases: list[dict[str, Any]] = field(default_factory=list)  # phases, reward_gated
-    families: list[str] = field(default_factory=lambda: list(FAMILIES))  # drift: the families drawn
-    weights: Optional[list[float]] = None  # drift: relative weight per family; None: uniform
-    difficulty: float = 0.0  # phases, reward_gated: a phase's difficulty when it sets none
-    start_difficulty: float = 0.0  # drift: difficulty at step 0 ...
-    end_difficulty: float = 1.0  # ... and at step over_steps and after
-    over_steps: int = 100
-    window: int = 32  # reward_gated default: trajectories in the gate's reward window
-    min_steps: int = 0  # reward_gated default: steps a phase lasts at least
-    eval_every: int = 0  # steps between probes of every family seen so far (forgetting); 0: never
-    eval_prompts: int = 8  # prompts per family in a probe (the same fixed set each time)
 
 
 @dataclass(frozen=True)

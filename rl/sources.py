@@ -88,7 +88,12 @@ class SyncRollout:
     def on_weights(self, version: int) -> None:
         self.version = version
 
-    async def _episode(self, prompt: PromptRef, sample: int, version: int) -> Trajectory:
+    async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]:
+        """One episode per prompt on the current weights, recorded with ``info.probe = True`` and
+        never returned by :meth:`next_batch`: for probes that measure, not train (forgetting)."""
+        return list(await asyncio.gather(*(self._episode(p, 0, self.version, probe=True) for p in prompts)))
+
+    async def _episode(self, prompt: PromptRef, sample: int, version: int, *, probe: bool = False) -> Trajectory:
         async with self._semaphore:
             env = make(self.env_name, **self.env_kwargs)
             try:
@@ -100,7 +105,8 @@ class SyncRollout:
                 await asyncio.to_thread(env.close)
         turns = tuple(replace(t, weight_version=str(version)) for t in trajectory.turns)
         trajectory = replace(trajectory, turns=turns,
-                             info={**trajectory.info, "prompt_index": prompt.index, "policy_version": version})
+                             info={**trajectory.info, "prompt_index": prompt.index, "policy_version": version,
+                                   **({"probe": True} if probe else {})})
         self.on_trajectory(trajectory)
         return trajectory
 

@@ -91,10 +91,12 @@ class Trainer:
         weight_sync: Syncer,
         pad_id: int,
         sinks: list[MetricsSink] | None = None,
+        tasks: Any = None,
     ):
         self.cfg, self.files = cfg, RunFiles(Path(run_dir))
         self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
         self.pad_id = pad_id
+        self.tasks = tasks  # a ScheduledTaskStream the source draws from (online learning), or None
         self.extra_sinks = list(sinks or [])
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
@@ -170,6 +172,8 @@ class Trainer:
         self._train_step = 0
         while self.state.pretrain_steps < cfg.value_pretrain_steps:
             t0 = time.monotonic()
+            if self.tasks is not None:
+                self.tasks.set_step(0)
             rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, self.state.pretrain_steps + 1)
             metrics = await asyncio.to_thread(self.learner.critic_steps, batch)
@@ -177,7 +181,8 @@ class Trainer:
             self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
                                     self.algo.state_dict())
             if sink is not None:
-                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, "perf/step_s": time.monotonic() - t0})
+                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, **self._observe(0, rollout.trajectories),
+                             "perf/step_s": time.monotonic() - t0})
             log.info("critic pretraining %d/%d: value mse %.4f", n, cfg.value_pretrain_steps, metrics.get("value/mse", math.nan))
         self._save(self.state.step)
 
@@ -185,16 +190,36 @@ class Trainer:
         cfg, learner = self.cfg, self.learner
         t0 = time.monotonic()
         self._train_step = step
+        if self.tasks is not None:
+            self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
         rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+        online = self._observe(step, rollout.trajectories)
         batch = self._collate(rollout, step)
         t_update = time.monotonic()
         metrics = await asyncio.to_thread(self.algo.update, learner, batch)
         update_s = time.monotonic() - t_update
         synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe)
         self.source.on_weights(step)
+        if self.tasks is not None and self.tasks.probe_due(step):
+            online |= await self._probe(step)
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
-        return {**rollout.metrics, **metrics, **synced, "rollout/weight_version": step - 1,
+        return {**rollout.metrics, **metrics, **synced, **online, "rollout/weight_version": step - 1,
                 "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0}
+
+    def _observe(self, step: int, trajectories: Any) -> dict[str, float]:
+        """Feed the schedule this step's rewards; per-family rewards and the schedule's state as metrics."""
+        if self.tasks is None:
+            return {}
+        from sao.rl.schedule import family_metrics
+
+        return {**family_metrics(self.tasks.observe(step, trajectories)), **self.tasks.metrics()}
+
+    async def _probe(self, step: int) -> dict[str, float]:
+        """Every family seen so far, on the new weights, not trained on (forgetting): ``probe/family/<f>``."""
+        from sao.rl.schedule import family_metrics, family_rewards
+
+        trajectories = await self.source.evaluate(self.tasks.probes())  # type: ignore[attr-defined]
+        return family_metrics(family_rewards(step, trajectories, probe=True))
 
     def _collate(self, rollout: Any, step: int) -> Any:
         if not rollout.trajectories:

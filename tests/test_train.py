@@ -355,3 +355,46 @@ def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Pa
     (tmp_path / "empty").mkdir()
     assert report([str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def make_scheduled_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer) -> Trainer:
+    from sao.rl.schedule import ScheduledTaskStream
+
+    trainer = make_trainer(cfg, run_dir, server, FakeEngine())
+    tasks = ScheduledTaskStream("arithmetic", cfg.env.kwargs, cfg.seed, cfg.schedule)
+    trainer.source.tasks = tasks  # type: ignore[attr-defined]
+    trainer.tasks = tasks
+    return trainer
+
+
+def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(tmp_path: Path,
+                                                                               server: FakeServer) -> None:
+    from sao.rl.config import ScheduleConfig
+
+    # add until the last 4 rewards on add average >= 0.5, then mul; probes of every family seen, each step
+    schedule = ScheduleConfig(kind="reward_gated", window=4, eval_every=1, eval_prompts=2,
+                              phases=[{"families": ["add"], "advance_at": 0.5}, {"families": ["mul"]}])
+    cfg = config("grpo", max_steps=3, schedule=schedule)
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    asyncio.run(make_scheduled_trainer(cfg, straight, server).run())
+    rows = lines(straight / "metrics.jsonl")
+    # step 1 draws add (the gate needs a full window first); the fake answers right for 2 seeds in 3,
+    # so add's window clears 0.5 and step 2 draws mul
+    assert rows[0]["schedule/phase"] == 0 and "reward/family/add" in rows[0] and "reward/family/mul" not in rows[0]
+    assert rows[1]["schedule/phase"] == 1 and "reward/family/mul" in rows[1] and "reward/family/add" not in rows[1]
+    assert "probe/family/add" in rows[1] and "probe/family/mul" in rows[1]  # both seen by then
+    trajectories = lines(straight / "trajectories.jsonl")
+    probes = [t for t in trajectories if t["info"].get("probe")]
+    assert len(probes) == 2 + 4 + 4  # 2 prompts x families seen, at steps 1, 2, 3
+    trained = [t for t in trajectories if not t["info"].get("probe")]
+    assert {t["task_id"].split("-")[0] for t in trained if t["info"]["train_step"] >= 2} == {"mul"}
+
+    asyncio.run(make_scheduled_trainer(replace(cfg, max_steps=2), interrupted, server).run())
+    asyncio.run(make_scheduled_trainer(replace(cfg, resume=True), interrupted, server).run())
+
+    def strip(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    assert strip(lines(interrupted / "metrics.jsonl")) == strip(rows)
+    key = lambda t: (t["task_id"], t["seed"], t["info"]["train_step"], bool(t["info"].get("probe")))  # noqa: E731
+    assert sorted(map(key, lines(interrupted / "trajectories.jsonl"))) == sorted(map(key, trajectories))
