@@ -86,8 +86,25 @@ def smooth(ys: list[float], window: int) -> list[float]:
 
 
 def family_keys(runs: list[list[dict[str, Any]]]) -> list[str]:
-    keys = sorted({k for rows in runs for row in rows for k in row if k.startswith("reward/family/")})
-    return keys
+    """Per-family reward and probe keys any run logged (online-learning schedules)."""
+    return sorted({k for rows in runs for row in rows for k in row
+                   if k.startswith(("reward/family/", "probe/family/"))})
+
+
+def online_summary(rows: list[dict[str, Any]], pre_window: int = 5) -> tuple[list[Any], dict[str, Any]]:
+    """(adaptation per phase shift, forgetting per earlier family) of one run, from its metrics."""
+    from sao.rl.schedule import adaptation_lag, forgetting, history_from_metrics, phase_shifts
+
+    phases = {r["step"]: r["schedule/phase"] for r in rows if r.get("schedule/phase") is not None}
+    history = history_from_metrics(rows)
+    if not history:
+        return [], {}
+    return adaptation_lag(history, phase_shifts(phases), pre_window), forgetting(history)
+
+
+def _shift_steps(rows: list[dict[str, Any]]) -> list[int]:
+    phases = [(r["step"], r["schedule/phase"]) for r in rows if r.get("schedule/phase") is not None]
+    return [b for (_, pa), (b, pb) in zip(phases, phases[1:]) if pb != pa]
 
 
 def draw(run_dirs: list[Path], out: Path, *, x: str = "step", label: str = "dir", smooth_window: int = 1) -> list[str]:
@@ -104,7 +121,8 @@ def draw(run_dirs: list[Path], out: Path, *, x: str = "step", label: str = "dir"
         cfg_path = Path(d) / "config.json"
         batch_sizes.append(json.loads(cfg_path.read_text()).get("batch_size") if cfg_path.is_file() else None)
     panels = [(k, t) for k, t in PANELS if any(series(r, k, x, b)[1] for r, b in zip(runs, batch_sizes))]
-    panels += [(k, k.removeprefix("reward/family/") + " reward") for k in family_keys(runs)]
+    panels += [(k, k.split("/family/")[1] + (" probe reward" if k.startswith("probe/") else " reward"))
+               for k in family_keys(runs)]
     if not panels:
         raise ReportError("none of the runs logged a metric this report draws")
     cols = min(3, len(panels))
@@ -131,6 +149,9 @@ def draw(run_dirs: list[Path], out: Path, *, x: str = "step", label: str = "dir"
             ax.plot(xs, mean, label=f"{name} (n={len(curves)})", color=color)
             ax.fill_between(xs, [min(col) for col in zip(*stacked)], [max(col) for col in zip(*stacked)],
                             color=color, alpha=0.2)
+        if x == "step":  # phase shifts of the first run with a schedule
+            for shift in next((v for v in map(_shift_steps, runs) if v), []):
+                ax.axvline(shift, color="grey", linestyle="--", linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("trajectories" if x == "samples" else "policy step")
         ax.grid(alpha=0.3)
@@ -160,6 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out} ({len(args.runs)} run(s); panels: {', '.join(drawn)})")
+    for run_dir in args.runs:
+        shifts, forgot = online_summary(read_run(run_dir))
+        for a in shifts:
+            lag = "not regained" if a.lag is None else f"{a.lag} steps"
+            print(f"{run_dir}: shift at step {a.shift}: pre-shift reward {a.pre_level:.3f}, "
+                  f"80% regained after {lag}")
+        for f in forgot.values():
+            print(f"{run_dir}: {f.family}: best {f.best:.3f} (step {f.best_step}), latest probe {f.probe:.3f} "
+                  f"(step {f.probe_step}): forgetting {f.drop:+.3f}")
     return 0
 
 

@@ -389,6 +389,14 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
     trained = [t for t in trajectories if not t["info"].get("probe")]
     assert {t["task_id"].split("-")[0] for t in trained if t["info"]["train_step"] >= 2} == {"mul"}
 
+    from sao.rl.report import main as report, online_summary
+
+    assert report([str(straight), "--out", str(tmp_path / "online.png")]) == 0
+    shifts, forgot = online_summary(rows, pre_window=1)
+    # one shift, at step 2 (add -> mul); pre-shift level = step 1's add reward
+    assert [a.shift for a in shifts] == [2] and shifts[0].pre_level == rows[0]["reward/family/add"]
+    assert set(forgot) == {"add"} and forgot["add"].probe == rows[2]["probe/family/add"]
+
     asyncio.run(make_scheduled_trainer(replace(cfg, max_steps=2), interrupted, server).run())
     asyncio.run(make_scheduled_trainer(replace(cfg, resume=True), interrupted, server).run())
 
