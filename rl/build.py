@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from sao.rl.config import TrainConfig, validate
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
-from sao.rl.sync import WeightSync
+from sao.rl.sync import WeightPublisher, WeightSync
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.trainer import RunFiles, Trainer, TrainError
 from sao.rl.value import ValueModel
@@ -51,23 +51,26 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@contextlib.asynccontextmanager
-async def _engine(cfg: TrainConfig, model_path: str, run_dir: Path) -> AsyncIterator[tuple[str, str]]:
-    """(root URL, served model name) of the engine; a managed one lives as long as the context."""
+@contextlib.contextmanager
+def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterator[tuple[list[str], str]]:
+    """(root URLs, served model name) of ``n`` engines; managed ones live as long as the context
+    (started from the main thread, which the SIGTERM guard needs; each blocks until healthy)."""
     served = cfg.engine.served_name or cfg.model.name
     if cfg.engine.base_url:
-        root = cfg.engine.base_url.rstrip("/").removesuffix("/v1")
-        yield root, served
+        yield [cfg.engine.base_url.rstrip("/").removesuffix("/v1")], served
         return
-    server = VLLMServer(VLLMServerConfig(
-        model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
-        kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype, extra_args=tuple(cfg.engine.extra_args),
-        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=run_dir / "vllm.log"))
-    server.start()  # from the main thread: the SIGTERM guard needs it (blocks until healthy)
-    try:
-        yield server.root_url, served
-    finally:
-        server.stop()
+    with contextlib.ExitStack() as stack:
+        roots = []
+        for i in range(n):
+            log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
+            server = VLLMServer(VLLMServerConfig(
+                model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
+                kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
+                extra_args=tuple(cfg.engine.extra_args), startup_timeout_s=cfg.engine.startup_timeout_s,
+                log_path=log_path))
+            stack.enter_context(server)
+            roots.append(server.root_url)
+        yield roots, served
 
 
 def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -98,24 +101,60 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
             renderers[key] = ChatRenderer(tokenizer, tools)
         return renderers[key]
 
-    async with _engine(cfg, model_path, run_dir) as (root, served), EngineClient(root) as engine:
-        client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
-                                        retry=RetryPolicy(), max_connections=cfg.rollout.concurrency)
-        try:
-            loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
-                              max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
-                              top_p=cfg.rollout.top_p)
-            source = SyncRollout(client=client, renderer_for=renderer_for, engine=engine, env_name=env_name,
-                                 env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks, group_size=cfg.algo.group_size,
-                                 concurrency=cfg.rollout.concurrency, seed=cfg.seed)
-            sync = WeightSync(engine, RunFiles(run_dir).weights, model_name=served,
-                              keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
-                              dtype=getattr(torch, cfg.model.engine_dtype))
+    loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
+                      max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
+                      top_p=cfg.rollout.top_p)
+    n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
+    with _engines(cfg, model_path, run_dir, n) as (roots, served):
+        async with contextlib.AsyncExitStack() as stack:
+            controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]
+            clients = []
+            for root in roots:
+                client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
+                                                retry=RetryPolicy(), max_connections=cfg.rollout.concurrency)
+                stack.push_async_callback(client.aclose)
+                clients.append(client)
+            dtype = getattr(torch, cfg.model.engine_dtype)
+            if cfg.rollout.mode == "sync":
+                source: Any = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
+                                          env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
+                                          group_size=cfg.algo.group_size, concurrency=cfg.rollout.concurrency,
+                                          seed=cfg.seed)
+                sync: Any = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
+                                       keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
+                                       dtype=dtype)
+            else:
+                source = _orchestrated(cfg, run_dir, clients, controls, tasks, env_name, loop, renderer_for)
+                sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks)
             return await trainer.run()
+
+
+def _orchestrated(cfg: TrainConfig, run_dir: Path, clients: list[Any], controls: list[Any], tasks: Any,
+                  env_name: str, loop: LoopConfig, renderer_for: Any) -> Any:
+    """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
+    from sao.agents import run_episode
+    from sao.envs import make
+    from sao.rl.orchestrated import OrchestratedRollout, Replica
+    from sao.rl.rollout import SchedulerConfig
+
+    kwargs = env_kwargs(cfg)
+
+    async def play(client: Any, ref: Any, sample: int, seed: int) -> Any:
+        env = make(env_name, **kwargs)
+        try:
+            return await run_episode(env, client, renderer_for(tuple(getattr(env.unwrapped, "tools", ()))), loop,
+                                     env_name=env_name, task_id=ref.task_id, sample=sample, seed=seed)
         finally:
-            await client.aclose()
+            await asyncio.to_thread(env.close)
+
+    r = cfg.rollout
+    config = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=r.concurrency,
+                             staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures)
+    return OrchestratedRollout(r.mode, config, [Replica(c, e) for c, e in zip(clients, controls)], tasks=tasks,
+                               run_episode=play, weights_root=RunFiles(run_dir).weights, seed=cfg.seed,
+                               reload_timeout_s=cfg.engine.request_timeout_s)
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:

@@ -89,10 +89,17 @@ class EngineConfig:
 
 @dataclass
 class RolloutConfig:
-    mode: str = "sync"  # sync (this issue); asynchronous modes come with the orchestrator
-    concurrency: int = 32  # episodes in flight
+    """How trajectories are produced. ``sync`` runs one batch at a time (rl/sources.py); the other
+    modes run a scheduler of :mod:`sao.rl.rollout` over ``replicas`` engines (rl/orchestrated.py)."""
+
+    mode: str = "sync"  # sync | one_step_off | async | multi_version | pipe
+    concurrency: int = 32  # episodes in flight (per replica for the scheduled modes)
     temperature: float = 1.0
     top_p: float = 1.0
+    replicas: int = 1  # managed engine replicas for the scheduled modes
+    staleness: int = 4  # k: learner version - oldest version of a trained trajectory (async, multi_version)
+    stale_policy: str = "drop"  # async: drop (re-queue the prompt) | mask (train it; DIS masks the tokens)
+    max_failures: int = 3  # failed attempts of a request before it is recorded failed
 
 
 @dataclass
@@ -164,8 +171,22 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"batch_size ({cfg.batch_size}) must be a positive multiple of algo.group_size ({g})")
     if cfg.rollout.concurrency < 1:
         raise ConfigError(f"rollout.concurrency must be >= 1, got {cfg.rollout.concurrency}")
-    if cfg.rollout.mode != "sync":
-        raise ConfigError(f"rollout={cfg.rollout.mode!r} is not available yet; this build trains with rollout=sync")
+    modes = ("sync", "one_step_off", "async", "multi_version", "pipe")
+    if cfg.rollout.mode not in modes:
+        import difflib
+
+        close = difflib.get_close_matches(cfg.rollout.mode, modes, n=1)
+        raise ConfigError(f"unknown rollout {cfg.rollout.mode!r} (known: {', '.join(modes)})"
+                          + (f"; did you mean {close[0]!r}?" if close else ""))
+    if cfg.rollout.mode in ("async", "multi_version") and cfg.algo.group_size != 1:
+        raise ConfigError(f"rollout={cfg.rollout.mode} streams single rollouts (SAO); algo.group_size must be 1, "
+                          f"not {cfg.algo.group_size} (GRPO groups: rollout=pipe or sync)")
+    if cfg.rollout.mode == "pipe" and cfg.algo.group_size < 2:
+        raise ConfigError("rollout=pipe pipelines complete GRPO groups: algo.group_size must be >= 2")
+    if cfg.rollout.replicas < 1:
+        raise ConfigError(f"rollout.replicas must be >= 1, got {cfg.rollout.replicas}")
+    if cfg.rollout.replicas > 1 and cfg.engine.base_url:
+        raise ConfigError("rollout.replicas > 1 needs managed engines (engine.base_url=null)")
     if cfg.env.max_turns < 1 or cfg.env.max_tokens < 1:
         raise ConfigError("env.max_turns and env.max_tokens must be >= 1")
     if cfg.env.max_tokens >= cfg.engine.max_model_len:

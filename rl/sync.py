@@ -304,6 +304,23 @@ class WeightSync:
         return out[0, 1:].tolist()
 
 
+class WeightPublisher:
+    """The learner's side of a weight update when a rollout orchestrator owns the engines: write the
+    version's checkpoint under ``root`` and return; the orchestrator decides when each replica loads it
+    (:class:`sao.rl.orchestrated.OrchestratedRollout`). Same call as :class:`WeightSync`."""
+
+    def __init__(self, root: Path, *, keep: int = 6, dtype: torch.dtype = torch.bfloat16):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, not {keep}")
+        self.root, self.keep, self.dtype = Path(root).resolve(), keep, dtype
+
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]:
+        started = time.perf_counter()
+        await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep, dtype=self.dtype)
+        save_s = time.perf_counter() - started
+        return {"perf/save_s": save_s, "perf/sync_s": save_s, "learner/version": float(version)}
+
+
 class NcclWeightSync:
     """SEAM, NOT IMPLEMENTED: in-memory weight transfer to vLLM over NCCL (GPUs only).
 

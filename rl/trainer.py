@@ -158,6 +158,8 @@ class Trainer:
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
                     self._save(step)
         finally:
+            if hasattr(self.source, "aclose"):
+                await self.source.aclose()
             sink.close()
             if pretrain_sink is not None:
                 pretrain_sink.close()
@@ -174,7 +176,9 @@ class Trainer:
             t0 = time.monotonic()
             if self.tasks is not None:
                 self.tasks.set_step(0)
-            rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+            # a scheduled source keeps critic-only batches out of its step count (no policy step follows)
+            collect = getattr(self.source, "warmup_batch", self.source.next_batch)
+            rollout = await collect(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, self.state.pretrain_steps + 1)
             metrics = await asyncio.to_thread(self.learner.critic_steps, batch)
             n = self.state.pretrain_steps + 1
@@ -200,6 +204,8 @@ class Trainer:
         update_s = time.monotonic() - t_update
         synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe)
         self.source.on_weights(step)
+        if hasattr(self.source, "stats"):  # an orchestrated source: its ledger and replica versions now
+            synced = {**synced, **self.source.stats()}
         if self.tasks is not None and self.tasks.probe_due(step):
             online |= await self._probe(step)
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())

@@ -160,8 +160,8 @@ def test_bad_configs_fail_with_a_message() -> None:
         ReinforceMean(AlgoConfig(name="reinforce_mean", group_size=4))
     with pytest.raises(ConfigError, match="multiple of algo.group_size"):
         validate(TrainConfig(batch_size=6, algo=AlgoConfig(name="grpo", group_size=4)))
-    with pytest.raises(ConfigError, match="not available yet"):
-        validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="async")))
+    with pytest.raises(ConfigError, match="did you mean 'async'"):
+        validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="asynk")))
     with pytest.raises(ConfigError, match="is_correction"):
         PPOClipLoss(is_correction="bogus")
     from hydra import compose, initialize_config_module
