@@ -154,3 +154,14 @@ def test_sao_sim_rejects_bad_input_with_exit_2(args, message, capsys):
     except SystemExit as exc:  # argparse's own errors
         code = exc.code
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_batch_per_engine_scales_the_batch_with_the_fleet() -> None:
+    from sao.rl.rollout.compare import scaled
+    from sao.rl.rollout.simconfig import paper_like
+
+    base = paper_like()  # GRPO groups of 8
+    assert scaled(base, 64, None) is base
+    assert scaled(base, 64, 4).scheduler.batch_size == 256  # 4 x 64, already whole groups
+    assert scaled(base, 3, 1).scheduler.batch_size == 8  # 3 rounded up to one group of 8
+    assert scaled(base, 10, 1).scheduler.batch_size == 16  # 10 -> two groups

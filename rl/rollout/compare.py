@@ -65,15 +65,27 @@ def resolve_modes(modes: Sequence[str]) -> list[str]:
     return out
 
 
-def run_grid(modes: Sequence[str], engines: Sequence[int], config: SimConfig, plot_dir: Path | None = None) -> Grid:
-    """Simulate every mode at every engine count (timelines as PNGs in ``plot_dir`` if given)."""
+def scaled(config: SimConfig, engines: int, batch_per_engine: int | None) -> SimConfig:
+    """``config`` with a batch of ``batch_per_engine`` trajectories per engine (rounded up to whole GRPO
+    groups), so a bigger fleet gets a proportionally bigger batch; unchanged when None."""
+    if batch_per_engine is None:
+        return config
+    g = config.grpo_group_size
+    batch = max(g, -(-batch_per_engine * engines // g) * g)
+    return replace(config, scheduler=replace(config.scheduler, batch_size=batch))
+
+
+def run_grid(modes: Sequence[str], engines: Sequence[int], config: SimConfig, plot_dir: Path | None = None,
+             batch_per_engine: int | None = None) -> Grid:
+    """Simulate every mode at every engine count (timelines as PNGs in ``plot_dir`` if given).
+    ``batch_per_engine``: scale the batch with the fleet (see :func:`scaled`)."""
     if not engines or any(n < 1 for n in engines):
         raise ConfigError(f"engine counts must be >= 1, got {list(engines)}")
     grid: Grid = {}
     for n in engines:
         grid[n] = {}
         for mode in resolve_modes(modes):
-            result = simulate(mode, config, n, record_timeline=plot_dir is not None)
+            result = simulate(mode, scaled(config, n, batch_per_engine), n, record_timeline=plot_dir is not None)
             if plot_dir is not None:
                 from sao.rl.rollout.plots import plot_timeline
 

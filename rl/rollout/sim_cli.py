@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_positive, default=0)
     p.add_argument("--steps", type=_positive, default=None, help="optimizer steps to simulate (default: the scenario's)")
     p.add_argument("--batch-size", type=_positive, default=None, help="trajectories per step (default: the scenario's)")
+    p.add_argument("--batch-per-engine", type=_positive, default=None,
+                   help="scale the batch with the fleet: this many trajectories per engine per step "
+                        "(default: the scenario's fixed batch)")
     p.add_argument("--staleness", type=_positive, default=None, help="staleness bound k (default: the scenario's, 4)")
     p.add_argument("--stale-policy", choices=STALE_POLICIES, default=None, help="async: drop or mask stale trajectories")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps is not None:
             config = replace(config, steps=args.steps)
         modes = resolve_modes([m.strip() for m in args.modes.split(",") if m.strip()])
-        grid = run_grid(modes, args.engines, config, plot_dir=args.plot)
+        grid = run_grid(modes, args.engines, config, plot_dir=args.plot, batch_per_engine=args.batch_per_engine)
     except ConfigError as exc:
         print(f"sao-sim: error: {exc}", file=sys.stderr)
         return 2
