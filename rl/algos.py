@@ -34,22 +34,10 @@ from torch import Tensor
 from sao.rl.advantages import RunningMeanBaseline, grpo_advantages
 from sao.rl.batch import Batch
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Learner, PolicyLoss
-from sao.rl.losses import dis_policy_loss, masked_is_weights, ppo_clip_loss, truncated_is_weights
+from sao.rl.learner import DISLoss, Learner, PolicyLoss
+from sao.rl.losses import masked_is_weights, ppo_clip_loss, truncated_is_weights
 
 # --------------------------------------------------------------------------- policy losses
-
-
-@dataclass(frozen=True)
-class DISLoss:
-    """SAO's DIS: zero gradient outside ``(1 - eps_low, 1 + eps_high)``, both sides (METHOD.md 1.8)."""
-
-    eps_low: float = 0.3
-    eps_high: float = 5.0
-
-    def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
-        return dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask, eps_low=self.eps_low,
-                               eps_high=self.eps_high, agg=agg, normalizer=normalizer)
 
 
 @dataclass(frozen=True)

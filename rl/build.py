@@ -30,7 +30,7 @@ from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
 from sao.rl.sync import WeightPublisher, WeightSync
 from sao.rl.schedule import ScheduledTaskStream
-from sao.rl.trainer import RunFiles, Trainer, TrainError
+from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
 from sao.rl.value import ValueModel
 
 log = logging.getLogger(__name__)
@@ -160,10 +160,8 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, clients: list[Any], controls:
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:
     """Run (or resume) one training run in ``run_dir``; returns the last step's metrics."""
     run_dir = Path(run_dir)
-    metrics = RunFiles(run_dir).metrics
-    if not cfg.resume and metrics.exists() and metrics.stat().st_size > 0:  # before anything slow starts
-        raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
-                         "or choose another output_dir")
+    if not cfg.resume:
+        refuse_to_overwrite(run_dir)  # before anything slow starts
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str) + "\n")
     sinks: list[MetricsSink] = []

@@ -107,6 +107,18 @@ class PolicyLoss(Protocol):
     def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]: ...
 
 
+@dataclass(frozen=True)
+class DISLoss:
+    """SAO's DIS: zero gradient outside ``(1 - eps_low, 1 + eps_high)``, both sides (METHOD.md 1.8)."""
+
+    eps_low: float = 0.3
+    eps_high: float = 5.0
+
+    def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
+        return dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask, eps_low=self.eps_low,
+                               eps_high=self.eps_high, agg=agg, normalizer=normalizer)
+
+
 def _pad_to(x: Tensor, width: int) -> Tensor:
     return nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -234,11 +246,6 @@ class Learner:
 
     # ---- policy ----------------------------------------------------------------------------------
 
-    def _dis_loss(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
-        return dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask,
-                               eps_low=self.config.eps_low, eps_high=self.config.eps_high, agg=agg,
-                               normalizer=normalizer)
-
     def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> dict[str, float]:
         """One policy optimizer step; ``loss_fn`` None: the DIS loss (METHOD.md 1.8) against
         ``batch.rollout_logprobs`` with the config's band. Any :class:`PolicyLoss` plugs in here.
@@ -255,7 +262,7 @@ class Learner:
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         for mb in micro_batches(batch, cfg.token_budget):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
-            loss, m = (loss_fn or self._dis_loss)(logp, mb, agg=cfg.agg, normalizer=norm)
+            loss, m = (loss_fn or DISLoss(cfg.eps_low, cfg.eps_high))(logp, mb, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()
             n_mb += 1

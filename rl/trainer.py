@@ -44,6 +44,14 @@ class TrainError(RuntimeError):
     """The run cannot go on (every trajectory of a batch failed, a run folder in the way, ...)."""
 
 
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """:class:`TrainError` when ``run_dir`` already holds a run (a non-empty ``metrics.jsonl``)."""
+    metrics = RunFiles(Path(run_dir)).metrics
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
+                         "or choose another output_dir")
+
+
 class Syncer(Protocol):
     async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]: ...
 
@@ -116,10 +124,9 @@ class Trainer:
             self.algo.load_state_dict(self.state.algo)
             log.info("resuming from %s (step %d, %d critic pretraining steps done)", folder, self.state.step,
                      self.state.pretrain_steps)
-        elif not cfg.resume and files.metrics.exists() and files.metrics.stat().st_size > 0:
-            raise TrainError(f"{files.root} already holds a run (metrics.jsonl); pass resume=true to continue it, "
-                             "or choose another output_dir")
-        elif cfg.resume:
+        elif not cfg.resume:
+            refuse_to_overwrite(files.root)
+        else:
             log.warning("resume=true but %s has no checkpoint; starting from step 0", files.checkpoints)
         # Whatever was logged after the checkpoint is redone: drop it so no step appears twice.
         step = self.state.step if folder is not None else -1
