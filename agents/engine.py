@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal
@@ -208,6 +208,18 @@ class VLLMServer:
                     _SIGTERM_GUARD.release()
                     self._guarding_sigterm = False
             log.info("vLLM on port %s stopped (exit code %s)", self._port, proc.returncode)
+
+    def restart(self) -> VLLMServer:
+        """Stop (what is left of) the server and start it again on the same port, so that clients
+        keep their address; blocks until healthy like :meth:`start`. The log is appended to."""
+        with self._lock:
+            port = self._port
+            self.stop()
+            if port:
+                self.config = replace(self.config, port=port)
+            if self.config.log_path is None and self._log_path is not None:
+                self.config = replace(self.config, log_path=self._log_path)
+        return self.start()
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         if self._log_path is None:

@@ -46,22 +46,26 @@ class FakeServer:
     tokenizer: Any = field(default_factory=ByteTokenizer)
     model: str = "fake"
     requests: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0  # 0: a free one (kept across kill() and restart())
 
     def __post_init__(self) -> None:
         self._script = deque(self.script)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
+        self.dead = False  # killed: requests in flight get their connection closed, new ones are refused
 
     @property
     def base_url(self) -> str:
-        assert self._httpd is not None, "server not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        assert self.port, "server not started"
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> FakeServer:
         handler = type("Handler", (_Handler,), {"fake": self})
-        server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256})  # many clients at once
-        self._httpd = server_cls(("127.0.0.1", 0), handler)
+        server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256, "allow_reuse_address": True})
+        self._httpd = server_cls(("127.0.0.1", self.port), handler)
+        self.port = self._httpd.server_address[1]
         self._httpd.daemon_threads = True
+        self.dead = False
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
@@ -69,6 +73,17 @@ class FakeServer:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd = None
+
+    def kill(self) -> None:
+        """Die like a crashed engine: stop listening, drop the requests in flight without an answer."""
+        self.dead = True
+        self.__exit__()
+
+    def restart(self) -> None:
+        """Come back on the same port (after :meth:`kill`)."""
+        self.__exit__()
+        self.__enter__()
 
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:
@@ -138,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
         reply = self.fake.next_reply(request)
         if reply.delay_s:
             time.sleep(reply.delay_s)
-        if reply.drop:
+        if reply.drop or self.fake.dead:
             self.close_connection = True
             self.connection.close()
             return

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
-from sao.rl.config import TrainConfig, validate
+from sao.rl.config import TrainConfig, engine_urls, validate
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
@@ -51,16 +51,28 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+@dataclass
+class Engine:
+    """One engine the run uses: its root URL, and the managed server behind it (None: external)."""
+
+    root: str
+    server: VLLMServer | None = None
+
+
 @contextlib.contextmanager
-def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterator[tuple[list[str], str]]:
-    """(root URLs, served model name) of ``n`` engines; managed ones live as long as the context
-    (started from the main thread, which the SIGTERM guard needs; each blocks until healthy)."""
+def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterator[tuple[list[Engine], str]]:
+    """(engines, served model name): the external ones of ``engine.base_url``, else ``n`` managed
+    ones living as long as the context (started from the main thread, which the SIGTERM guard
+    needs; each blocks until healthy). ``RUN_DIR/engines.json`` says where each one is."""
     served = cfg.engine.served_name or cfg.model.name
-    if cfg.engine.base_url:
-        yield [cfg.engine.base_url.rstrip("/").removesuffix("/v1")], served
+    urls = engine_urls(cfg.engine.base_url)
+    if urls:
+        engines = [Engine(u) for u in urls]
+        write_engines(run_dir, engines)
+        yield engines, served
         return
     with contextlib.ExitStack() as stack:
-        roots = []
+        engines = []
         for i in range(n):
             log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
             server = VLLMServer(VLLMServerConfig(
@@ -69,8 +81,19 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
                 extra_args=tuple(cfg.engine.extra_args), startup_timeout_s=cfg.engine.startup_timeout_s,
                 log_path=log_path))
             stack.enter_context(server)
-            roots.append(server.root_url)
-        yield roots, served
+            engines.append(Engine(server.root_url, server))
+        write_engines(run_dir, engines)
+        yield engines, served
+
+
+def write_engines(run_dir: Path, engines: list[Engine]) -> None:
+    """``RUN_DIR/engines.json``: each replica's URL, and for a managed one its pid (process group) and log."""
+    rows = [{"replica": i, "url": e.root, "managed": e.server is not None,
+             "pid": e.server.pid if e.server else None,
+             "log": str(e.server.log_path) if e.server and e.server.log_path else None} for i, e in enumerate(engines)]
+    tmp = run_dir / "engines.json.tmp"
+    tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    tmp.replace(run_dir / "engines.json")
 
 
 def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -105,7 +128,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                       max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
                       top_p=cfg.rollout.top_p)
     n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
-    with _engines(cfg, model_path, run_dir, n) as (roots, served):
+    with _engines(cfg, model_path, run_dir, n) as (engines, served):
+        roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
             controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]
             clients = []
@@ -124,19 +148,19 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                                        keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
                                        dtype=dtype)
             else:
-                source = _orchestrated(cfg, run_dir, clients, controls, tasks, env_name, loop, renderer_for)
+                source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks)
             return await trainer.run()
 
 
-def _orchestrated(cfg: TrainConfig, run_dir: Path, clients: list[Any], controls: list[Any], tasks: Any,
-                  env_name: str, loop: LoopConfig, renderer_for: Any) -> Any:
+def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], clients: list[Any], controls: list[Any],
+                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> Any:
     """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
     from sao.agents import run_episode
     from sao.envs import make
-    from sao.rl.orchestrated import OrchestratedRollout, Replica
+    from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
     from sao.rl.rollout import SchedulerConfig
 
     kwargs = env_kwargs(cfg)
@@ -152,9 +176,22 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, clients: list[Any], controls:
     r = cfg.rollout
     config = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=r.concurrency,
                              staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures)
-    return OrchestratedRollout(r.mode, config, [Replica(c, e) for c, e in zip(clients, controls)], tasks=tasks,
+    def replica(engine: Engine, client: Any, control: Any) -> Replica:
+        server = engine.server
+        if server is None:  # external: watched through /health, restarted by whoever runs it
+            return Replica(client, control)
+
+        async def restart() -> None:
+            await asyncio.to_thread(server.restart)  # same port: the clients keep their address
+
+        return Replica(client, control, alive=lambda: server.running, restart=restart)
+
+    e = cfg.engine
+    health = HealthConfig(interval_s=e.health_interval_s, failures=e.health_failures, max_restarts=e.max_restarts)
+    return OrchestratedRollout(r.mode, config, [replica(*x) for x in zip(engines, clients, controls)], tasks=tasks,
                                run_episode=play, weights_root=RunFiles(run_dir).weights, seed=cfg.seed,
-                               reload_timeout_s=cfg.engine.request_timeout_s)
+                               reload_timeout_s=e.request_timeout_s, health=health,
+                               on_restart=lambda rid: write_engines(run_dir, engines))
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:

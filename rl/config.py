@@ -85,6 +85,12 @@ class EngineConfig:
     probe: bool = True  # after each sync, compare engine and learner log-probs on a fixed sequence
     probe_warn_gap: float = 0.05  # warn when engine and learner log-probs differ more after a sync
     keep_weight_versions: int = 2
+    # Scheduled modes: a replica is dead when its process exits or /health fails `health_failures`
+    # checks in a row (one every `health_interval_s`); a managed one is then restarted (at most
+    # `max_restarts` times per replica), its in-flight trajectories re-queued or recorded failed.
+    health_interval_s: float = 5.0
+    health_failures: int = 3
+    max_restarts: int = 3
 
 
 @dataclass
@@ -159,6 +165,11 @@ class ConfigError(ValueError):
     """A configuration the run cannot start with; the message says what to change."""
 
 
+def engine_urls(base_url: str | None) -> list[str]:
+    """The external engines' root URLs in ``engine.base_url`` (comma-separated; ``/v1`` dropped)."""
+    return [u.strip().rstrip("/").removesuffix("/v1") for u in (base_url or "").split(",") if u.strip()]
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that a schema cannot express. Raises :class:`ConfigError`."""
     for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -185,8 +196,14 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("rollout=pipe pipelines complete GRPO groups: algo.group_size must be >= 2")
     if cfg.rollout.replicas < 1:
         raise ConfigError(f"rollout.replicas must be >= 1, got {cfg.rollout.replicas}")
-    if cfg.rollout.replicas > 1 and cfg.engine.base_url:
-        raise ConfigError("rollout.replicas > 1 needs managed engines (engine.base_url=null)")
+    urls = engine_urls(cfg.engine.base_url)
+    if urls and cfg.rollout.replicas not in (1, len(urls)):
+        raise ConfigError(f"engine.base_url names {len(urls)} engine(s), rollout.replicas is {cfg.rollout.replicas}: "
+                          "external engines are the replicas (leave rollout.replicas at 1 or match the count)")
+    if len(urls) > 1 and cfg.rollout.mode == "sync":
+        raise ConfigError("rollout=sync drives one engine; several engine.base_url URLs need a scheduled rollout mode")
+    if cfg.engine.health_interval_s <= 0 or cfg.engine.health_failures < 1 or cfg.engine.max_restarts < 0:
+        raise ConfigError("engine.health_interval_s must be > 0, engine.health_failures >= 1, engine.max_restarts >= 0")
     if cfg.env.max_turns < 1 or cfg.env.max_tokens < 1:
         raise ConfigError("env.max_turns and env.max_tokens must be >= 1")
     if cfg.env.max_tokens >= cfg.engine.max_model_len:

@@ -19,6 +19,19 @@ and calling :meth:`on_weights`; the scheduler decides when each replica loads it
 Versions: every turn records the replica's version when its request was sent and when it came
 back (a sync can land mid-request: ``pause_mode="keep"`` lets the request continue on the new
 weights). The oldest of them is the trajectory's version for staleness (METHOD.md 1.10).
+
+Health: a watcher checks every replica each ``health.interval_s``; one whose process exited
+(``Replica.alive``) or whose ``/health`` failed ``health.failures`` times in a row is dead. An
+episode that fails also triggers a check at once, so a crash is seen before its failed attempts
+count against their prompts. A dead replica -> :class:`ReplicaDied` (the scheduler re-queues or
+fails its in-flight attempts; their tasks are cancelled), then ``Replica.restart`` (a managed vLLM
+starts again on its port) or, for an external engine, waiting for ``/health`` -> 
+:class:`ReplicaRestarted` (the scheduler syncs it to the newest version before it serves).
+
+Start and resume: every replica first loads the learner's version (``weights/v{k}``) -- a resumed
+run starts its scheduler at version k. :meth:`state_dict` holds the task cursor and the prompts
+admitted but not yet handed to the learner (in flight, finished-untrained, re-queued, or in a batch
+not yet taken); a resumed source admits those first, so none is lost and none is trained twice.
 """
 
 from __future__ import annotations
@@ -27,7 +40,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +51,8 @@ from sao.rl.rollout import (
     Discard,
     Prompt,
     RecordFailed,
+    ReplicaDied,
+    ReplicaRestarted,
     Requeue,
     SchedulerConfig,
     StartTrajectory,
@@ -50,6 +66,8 @@ from sao.rl.rollout import (
 from sao.rl.sources import RolloutBatch, rollout_metrics
 from sao.rl.sync import version_dir
 from sao.rl.tasks import PromptRef, episode_seed
+
+UNKNOWN_VERSION = -1
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +85,35 @@ class ReplicaControl(Protocol):
 
     async def reset_prefix_cache(self) -> bool: ...
 
+    async def health(self) -> bool: ...
+
 
 @dataclass
 class Replica:
-    """One engine replica: where completions go, how it is controlled, and what it serves now."""
+    """One engine replica: where completions go, how it is controlled, and what it serves now.
+
+    ``alive``: a cheap liveness check (a managed server's process is running); None for an
+    external engine, checked through ``control.health()`` only. ``restart``: start it again (same
+    address); None when someone else owns the engine (the watcher then waits for it to come back).
+    """
 
     client: CompletionClient
     control: ReplicaControl
     version: int = 0
+    alive: Callable[[], bool] | None = None
+    restart: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """How replicas are watched: a check every ``interval_s``; dead after ``failures`` failed
+    ``/health`` calls in a row (each bounded by ``timeout_s``) or at once when ``alive()`` is
+    False; at most ``max_restarts`` restarts per replica, after which the rollout loop stops."""
+
+    interval_s: float = 5.0
+    failures: int = 3
+    timeout_s: float = 10.0
+    max_restarts: int = 3
 
 
 class _VersionedClient:
@@ -105,17 +144,42 @@ def turn_versions(trajectory: Trajectory, fallback: int) -> tuple[int, ...]:
 
 class _Prompts:
     """The scheduler's :class:`~sao.rl.rollout.PromptSource` over the run's task stream: group id =
-    the prompt's index in the stream, so a request and its retries map back to one task."""
+    the prompt's index in the stream, so a request and its retries map back to one task.
+
+    ``open``: the groups admitted and not yet closed. A group closes when the learner takes a
+    trajectory of it (groups are trained whole) or when it is recorded failed. ``replay``: open
+    groups of a checkpoint, admitted again (first) by a resumed run.
+    """
 
     def __init__(self, tasks: Any):
         self.tasks = tasks
-        self.refs: dict[int, PromptRef] = {}
+        self.refs: dict[int, PromptRef] = {}  # open groups, in admission order
+        self.replay: deque[PromptRef] = deque()
 
     def next_group(self, size: int) -> tuple[Prompt, ...]:
-        ref = self.tasks.take(1)[0]
+        ref = self.replay.popleft() if self.replay else self.tasks.take(1)[0]
         self.refs[ref.index] = ref
         family = getattr(ref, "family", None) or "default"
         return tuple(Prompt(ref.index, i, family) for i in range(size))
+
+    def close(self, group_id: int) -> None:
+        self.refs.pop(group_id, None)
+
+    def open(self) -> list[PromptRef]:
+        """Open groups, then those still waiting to be replayed (a checkpoint's pending prompts)."""
+        return [*self.refs.values(), *self.replay]
+
+
+def _ref_to_dict(ref: PromptRef) -> dict[str, Any]:
+    return asdict(ref)  # type: ignore[call-overload]
+
+
+def _ref_from_dict(data: dict[str, Any]) -> PromptRef:
+    if "phase" in data:  # a ScheduledPrompt (online-learning schedules)
+        from sao.rl.schedule import ScheduledPrompt
+
+        return ScheduledPrompt(**data)  # type: ignore[return-value]
+    return PromptRef(**data)
 
 
 RunEpisode = Callable[[Any, PromptRef, int, int], Awaitable[Trajectory]]  # (client, prompt, sample, seed)
@@ -136,22 +200,31 @@ class OrchestratedRollout:
         seed: int,
         on_trajectory: Callable[[Trajectory], None] = lambda t: None,
         reload_timeout_s: float | None = 300.0,
+        health: HealthConfig = HealthConfig(),
+        on_restart: Callable[[int], None] = lambda rid: None,
     ):
         self.mode, self.config, self.replicas = mode, config, replicas
         self.tasks, self.run_episode, self.seed = tasks, run_episode, seed
         self.weights_root, self.reload_timeout_s = Path(weights_root), reload_timeout_s
-        self.on_trajectory = on_trajectory
+        self.on_trajectory, self.health, self.on_restart = on_trajectory, health, on_restart
         self._prompts = _Prompts(tasks)
+        self.start_version = 0
         self.scheduler = make_scheduler(mode, config, len(replicas), self._prompts)
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self._batches: asyncio.Queue[RolloutBatch] = asyncio.Queue()
         self._finished: dict[int, Trajectory] = {}
-        self._started: dict[int, StartTrajectory] = {}
+        self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
         self._pending: list[int] = []  # trajectories of the optimizer step being assembled
         self._failed: list[Trajectory] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._loaded: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._dead: set[int] = set()
+        self._strikes = [0] * len(replicas)
+        self._generation = [0] * len(replicas)  # bumped at each death: late answers of a past life are ignored
+        self.deaths = [0] * len(replicas)
+        self.restarts = [0] * len(replicas)
         self._t0 = time.monotonic()
         self._since_batch = time.monotonic()
 
@@ -161,18 +234,23 @@ class OrchestratedRollout:
         if n != self.config.batch_size:
             raise ValueError(f"asked for {n} trajectories, the scheduler was built for {self.config.batch_size}")
         self._ensure_running()
+        assert self._loop_task is not None
         getter = asyncio.ensure_future(self._batches.get())
         done, _ = await asyncio.wait({getter, self._loop_task}, return_when=asyncio.FIRST_COMPLETED)
         if getter not in done:
             getter.cancel()
             raise RuntimeError(f"the rollout loop stopped: {self._error!r}") from self._error
-        return getter.result()
+        batch = getter.result()
+        for t in (*batch.trajectories, *batch.failed):  # the learner has them: their groups are closed
+            self._prompts.close(t.info["prompt_index"])
+        return batch
 
     async def warmup_batch(self, n: int, learner_version: int) -> RolloutBatch:
         """``n`` episodes on the initial weights outside the schedule, before it starts (critic
         pretraining: no policy step follows, so the scheduler's step count must not move)."""
         if self._loop_task is not None:
             raise RuntimeError("warm-up batches come before the first scheduled batch")
+        await self._load_start_version()
         group = self.config.group_size
         refs = self.tasks.take(n // group)
         jobs = [(ref, i) for ref in refs for i in range(group)]
@@ -191,17 +269,20 @@ class OrchestratedRollout:
                             rollout_metrics(done, ok, time.monotonic() - t0))
 
     def on_weights(self, version: int) -> None:
-        """The learner published ``version`` (its checkpoint is on disk): tell the scheduler."""
+        """The learner published ``version`` (its checkpoint is on disk): tell the scheduler. The
+        first call sets the version the schedule starts at (k when the run resumed at step k)."""
         if self._loop_task is None:
-            if version != 0:
-                raise NotImplementedError(
-                    f"resuming an asynchronous run (at version {version}) is not supported yet: the scheduler "
-                    "starts at version 0. Resume with rollout=sync, or start a new run")
-            return  # replicas start on the initial weights (version 0)
+            if self._loaded is not None:
+                raise RuntimeError(f"version {version} published before the first scheduled batch but after "
+                                   f"the replicas loaded version {self.start_version}")
+            self.start_version = version
+            self.scheduler = make_scheduler(self.mode, self.config, len(self.replicas), self._prompts, version)
+            return
         self._events.put_nowait(TrainStepDone(version))
 
     def stats(self) -> dict[str, float]:
         s = self.scheduler.stats()
+        live = [r.version for i, r in enumerate(self.replicas) if i not in self._dead] or [UNKNOWN_VERSION]
         return {
             "rollout/staleness_max": s.get("staleness/max", 0.0),
             "rollout/staleness_mean": s.get("staleness/mean", 0.0),
@@ -211,8 +292,11 @@ class OrchestratedRollout:
             "rollout/trained": s.get("ledger/trained", 0.0),
             "rollout/failed_total": s.get("ledger/failed", 0.0),
             "rollout/in_flight": s.get("rollout/in_flight", 0.0),
-            "engine/weight_version": float(max(r.version for r in self.replicas)),
-            "engine/weight_version_min": float(min(r.version for r in self.replicas)),
+            "rollout/replica_deaths": float(sum(self.deaths)),
+            "rollout/replica_restarts": float(sum(self.restarts)),
+            "rollout/replicas_live": float(len(self.replicas) - len(self._dead)),
+            "engine/weight_version": float(max(live)),
+            "engine/weight_version_min": float(min(live)),
         }
 
     def lost(self) -> int:
@@ -222,15 +306,24 @@ class OrchestratedRollout:
         return int(c.get("ledger/admitted", 0.0) - ended)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tasks": self.tasks.state_dict()}
+        """The task cursor and the prompts admitted but not yet taken by the learner (module doc)."""
+        return {"tasks": self.tasks.state_dict(), "open": [_ref_to_dict(r) for r in self._prompts.open()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._loop_task is not None:
+            raise RuntimeError("load_state_dict comes before the first batch")
         self.tasks.load_state_dict(state["tasks"])
+        self._prompts.refs.clear()
+        self._prompts.replay = deque(_ref_from_dict(d) for d in state.get("open", []))
+        if self._prompts.replay:
+            log.info("re-admitting %d prompt(s) that were in flight or untrained at the checkpoint",
+                     len(self._prompts.replay))
 
     async def aclose(self) -> None:
-        for task in [*self._tasks, *( [self._loop_task] if self._loop_task else [])]:
+        tasks = [*self._tasks, *([self._loop_task] if self._loop_task else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *([self._loop_task] if self._loop_task else []), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- the event loop --------------------------------------------------------------------------
 
@@ -240,9 +333,13 @@ class OrchestratedRollout:
 
     async def _run(self) -> None:
         try:
+            await self._load_start_version()
+            self._spawn(self._watch())
             self._execute(self.scheduler.start(self._now()))
             while True:
                 event = await self._events.get()
+                if isinstance(event, BaseException):  # a helper task failed for good
+                    raise event
                 self._execute(self.scheduler.on_event(event, self._now()))
                 self.scheduler.check()
         except asyncio.CancelledError:
@@ -252,19 +349,39 @@ class OrchestratedRollout:
             log.exception("rollout loop failed")
             raise
 
+    async def _load_start_version(self) -> None:
+        """Every replica loads the learner's start version before it serves (once)."""
+        if self._loaded is None:
+            self._loaded = asyncio.ensure_future(asyncio.gather(
+                *(self._load(r, self.start_version) for r in self.replicas)))
+        await asyncio.shield(self._loaded)
+
+    async def _load(self, replica: Replica, version: int) -> None:
+        folder = version_dir(self.weights_root, version)
+        await replica.control.pause(mode="keep")
+        try:
+            await replica.control.reload_weights(folder.resolve(), timeout_s=self.reload_timeout_s)
+            await replica.control.set_weight_version(version)
+            await replica.control.reset_prefix_cache()
+            replica.version = version
+        finally:
+            await replica.control.resume()
+
     def _now(self) -> float:
         return time.monotonic() - self._t0
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _execute(self, actions: list[Any]) -> None:
         for action in actions:
             if isinstance(action, StartTrajectory):
-                self._started[action.traj_id] = action
-                self._spawn(self._episode(action))
+                if action.replica in self._dead:
+                    raise RuntimeError(f"the scheduler started trajectory {action.traj_id} on dead replica {action.replica}")
+                self._running[action.traj_id] = (action, self._spawn(self._episode(action)))
             elif isinstance(action, SyncReplica):
                 self._spawn(self._sync(action))
             elif isinstance(action, TrainOn):
@@ -273,8 +390,10 @@ class OrchestratedRollout:
                 self._finished.pop(action.traj_id, None)
             elif isinstance(action, (Requeue, RecordFailed)):
                 t = self._finished.pop(action.traj_id, None)
-                if isinstance(action, RecordFailed) and t is not None:
-                    self._failed.append(t)
+                if isinstance(action, RecordFailed):
+                    self._prompts.close(action.prompt.group_id)
+                    if t is not None:
+                        self._failed.append(t)
                 log.info("trajectory %d %s: %s", action.traj_id,
                          "re-queued" if isinstance(action, Requeue) else "failed", action.cause)
             else:
@@ -284,7 +403,21 @@ class OrchestratedRollout:
         replica = self.replicas[start.replica]
         ref = self._prompts.refs[start.prompt.group_id]
         seed = episode_seed(self.seed, ref.index, start.prompt.index + 1000 * start.prompt.attempt)
-        trajectory = await self.run_episode(_VersionedClient(replica), ref, start.prompt.index, seed)
+        trajectory: Trajectory | None
+        try:
+            trajectory = await self.run_episode(_VersionedClient(replica), ref, start.prompt.index, seed)
+        except Exception as exc:  # noqa: BLE001 - an episode that raises is a failed attempt, not a dead loop
+            log.warning("trajectory %d raised %r; recorded as a failed attempt", start.traj_id, exc)
+            trajectory, cause = None, f"episode raised {type(exc).__name__}: {exc}"
+        if trajectory is None or trajectory.status != "ok":
+            # A crashed engine fails every request on it: see it before the failures count against prompts.
+            await self._check(start.replica, at_once=True)
+        if start.traj_id not in self._running:
+            return  # its replica died meanwhile; the scheduler re-queued or failed the attempt
+        del self._running[start.traj_id]
+        if trajectory is None:
+            self._events.put_nowait(TrajectoryFinished(start.traj_id, (start.version,), 0, True, cause))
+            return
         versions = turn_versions(trajectory, start.version)
         trajectory = replace(trajectory, info={**trajectory.info, "traj_id": start.traj_id, "replica": start.replica,
                                                "attempt": start.prompt.attempt, "prompt_index": ref.index,
@@ -296,17 +429,17 @@ class OrchestratedRollout:
                                                    trajectory.error or ""))
 
     async def _sync(self, action: SyncReplica) -> None:
-        replica = self.replicas[action.replica]
-        folder = version_dir(self.weights_root, action.version)
-        await replica.control.pause(mode="keep")
+        rid, replica = action.replica, self.replicas[action.replica]
+        generation = self._generation[rid]
         try:
-            await replica.control.reload_weights(folder.resolve(), timeout_s=self.reload_timeout_s)
-            await replica.control.set_weight_version(action.version)
-            await replica.control.reset_prefix_cache()
-            replica.version = action.version
-        finally:
-            await replica.control.resume()
-        self._events.put_nowait(SyncDone(action.replica, action.version))
+            await self._load(replica, action.version)
+        except Exception as exc:  # noqa: BLE001 - a replica that cannot load weights is treated as dead
+            if rid not in self._dead and generation == self._generation[rid]:
+                log.warning("replica %d failed to load version %d: %r", rid, action.version, exc)
+                self._declare_dead(rid, f"weight reload failed: {exc}")
+            return
+        if rid not in self._dead and generation == self._generation[rid]:
+            self._events.put_nowait(SyncDone(rid, action.version))
 
     def _train_on(self, action: TrainOn) -> None:
         self._pending += list(action.traj_ids)
@@ -321,3 +454,78 @@ class OrchestratedRollout:
                    "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []
         self._batches.put_nowait(RolloutBatch(trajectories, failed, (), metrics))
+
+    # ---- health ----------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Check every live replica each ``health.interval_s`` (module doc)."""
+        while True:
+            await asyncio.sleep(self.health.interval_s)
+            await asyncio.gather(*(self._check(rid) for rid in range(len(self.replicas)) if rid not in self._dead))
+
+    async def _healthy(self, replica: Replica) -> bool:
+        if replica.alive is not None and not replica.alive():
+            return False
+        try:
+            return bool(await asyncio.wait_for(replica.control.health(), self.health.timeout_s))
+        except Exception:  # noqa: BLE001 - no answer is an unhealthy answer
+            return False
+
+    async def _check(self, rid: int, *, at_once: bool = False, cause: str | None = None) -> None:
+        """Declare ``rid`` dead if it is: its process exited, or ``/health`` failed ``failures`` times
+        in a row (``at_once``: one failed check is enough -- a failed episode or reload just hit it)."""
+        if rid in self._dead:
+            return
+        replica = self.replicas[rid]
+        if await self._healthy(replica):
+            self._strikes[rid] = 0
+            return
+        self._strikes[rid] += 1
+        exited = replica.alive is not None and not replica.alive()
+        if rid in self._dead or not (at_once or exited or self._strikes[rid] >= self.health.failures):
+            return
+        self._declare_dead(rid, cause or ("engine process exited" if exited else
+                                          f"/health failed {self._strikes[rid]} time(s) in a row"))
+
+    def _declare_dead(self, rid: int, cause: str) -> None:
+        self._dead.add(rid)
+        self._generation[rid] += 1
+        self.deaths[rid] += 1
+        self._strikes[rid] = 0
+        self.replicas[rid].version = UNKNOWN_VERSION
+        orphans = [tid for tid, (start, _) in self._running.items() if start.replica == rid]
+        log.warning("replica %d died (%s); %d trajectories in flight on it are re-queued or recorded failed",
+                    rid, cause, len(orphans))
+        self._events.put_nowait(ReplicaDied(rid, cause))  # before any late TrajectoryFinished of them
+        for tid in orphans:
+            _, task = self._running.pop(tid)
+            task.cancel()
+        self._spawn(self._revive(rid))
+
+    async def _revive(self, rid: int) -> None:
+        """Restart a managed replica (or wait for an external one to answer again), then tell the scheduler."""
+        replica = self.replicas[rid]
+        while True:
+            if replica.restart is None:
+                await asyncio.sleep(self.health.interval_s)
+                if not await self._healthy(replica):
+                    continue
+            else:
+                if self.restarts[rid] >= self.health.max_restarts:
+                    self._events.put_nowait(RuntimeError(
+                        f"replica {rid} died {self.deaths[rid]} time(s); engine.max_restarts="
+                        f"{self.health.max_restarts} restarts used up"))
+                    return
+                self.restarts[rid] += 1
+                log.warning("restarting replica %d (restart %d of at most %d)", rid, self.restarts[rid],
+                            self.health.max_restarts)
+                try:
+                    await replica.restart()
+                except Exception as exc:  # noqa: BLE001 - counted; tried again up to max_restarts
+                    log.warning("restarting replica %d failed: %r", rid, exc)
+                    continue
+                self.on_restart(rid)
+            break
+        self._dead.discard(rid)
+        log.info("replica %d is back; it loads the newest weights before it serves", rid)
+        self._events.put_nowait(ReplicaRestarted(rid))

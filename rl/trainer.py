@@ -11,7 +11,9 @@
 
 Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
 critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
-``info.train_step`` = the policy step it fed, 0 for pretraining), ``checkpoints/``, ``weights/``
+``info.train_step`` = the step being sampled for when it ended, 0 for pretraining), ``batches.jsonl``
+(one line per policy step: which episodes -- prompt index, sample, attempt, version -- it trained
+on; the audit trail that no prompt is trained twice), ``checkpoints/``, ``weights/``
 (the engine's versioned safetensors) and ``tensorboard/``. :func:`sao.rl.build.run_training` builds
 the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer` directly.
 """
@@ -19,6 +21,7 @@ the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -73,6 +76,10 @@ class RunFiles:
         return self.root / "trajectories.jsonl"
 
     @property
+    def batches(self) -> Path:
+        return self.root / "batches.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -110,6 +117,7 @@ class Trainer:
         self.state = TrainState(0, 0, 0, {}, {})
         self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
         self._writer: TrajectoryWriter | None = None
+        self._lineage: Any = None  # RUN_DIR/batches.jsonl while run() runs
 
     # ---- start / resume --------------------------------------------------------------------------
 
@@ -132,6 +140,7 @@ class Trainer:
         step = self.state.step if folder is not None else -1
         rewind_jsonl(files.metrics, step, "step")
         rewind_jsonl(files.trajectories, step, "train_step")
+        rewind_jsonl(files.batches, step, "step")
         rewind_jsonl(files.pretrain, self.state.pretrain_steps if folder is not None else -1, "pretrain_step")
         return self.state
 
@@ -150,6 +159,7 @@ class Trainer:
         sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
         self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
+        self._lineage = files.batches.open("a", encoding="utf-8")
         self.source.on_trajectory = self._record  # type: ignore[attr-defined]
         last: dict[str, Any] = {}
         try:
@@ -172,6 +182,7 @@ class Trainer:
                 pretrain_sink.close()
             if self._writer is not None:
                 self._writer.close()
+            self._lineage.close()
         return last
 
     async def _pretrain_critic(self, sink: JsonlSink | None) -> None:
@@ -204,6 +215,7 @@ class Trainer:
         if self.tasks is not None:
             self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
         rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+        self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
         batch = self._collate(rollout, step)
         t_update = time.monotonic()
@@ -218,6 +230,14 @@ class Trainer:
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
         return {**rollout.metrics, **metrics, **synced, **online, "rollout/weight_version": step - 1,
                 "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0}
+
+    def _log_lineage(self, step: int, trajectories: Any) -> None:
+        if self._lineage is None:
+            return
+        keys = ("prompt_index", "attempt", "policy_version", "replica")
+        episodes = [{"task_id": t.task_id, "sample": t.sample, **{k: t.info.get(k) for k in keys}} for t in trajectories]
+        self._lineage.write(json.dumps({"step": step, "episodes": episodes}, separators=(",", ":")) + "\n")
+        self._lineage.flush()
 
     def _observe(self, step: int, trajectories: Any) -> dict[str, float]:
         """Feed the schedule this step's rewards; per-family rewards and the schedule's state as metrics."""

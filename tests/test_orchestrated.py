@@ -9,7 +9,10 @@ step, staleness within k, nothing lost, failed attempts re-queued, and that pipe
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +22,7 @@ from sao.envs import make
 from sao.rl.algos import make_algorithm
 from sao.rl.build import learner_config
 from sao.rl.learner import Learner
-from sao.rl.orchestrated import OrchestratedRollout, Replica
+from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.rollout import SchedulerConfig
 from sao.rl.sync import WeightPublisher
 from sao.rl.tasks import TaskStream
@@ -35,15 +38,17 @@ def slow_responder(request: dict, prompt: str) -> Reply:
 
 
 def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeServer], engines: list[FakeEngine],
-                       *, staleness: int = 1, max_steps: int = 3, policy: str = "drop") -> Trainer:
-    cfg = config(algo, max_steps=max_steps, keep_checkpoints=1)
+                       *, staleness: int = 1, max_steps: int = 3, policy: str = "drop", resume: bool = False,
+                       health: HealthConfig = HealthConfig(), restarts: dict[int, Any] | None = None) -> Trainer:
+    cfg = config(algo, max_steps=max_steps, keep_checkpoints=1, resume=resume)
     algorithm = make_algorithm(cfg.algo)
     model = tiny_policy()
     learner = Learner(model, learner_config(cfg), value_model=ValueModel.from_policy(model) if algorithm.uses_critic else None)
     tasks = TaskStream("arithmetic", cfg.env.kwargs, cfg.seed)
     retry = RetryPolicy(max_retries=0, backoff_s=0.01, max_backoff_s=0.01)
-    replicas = [Replica(OpenAICompletionClient(s.base_url, "fake", timeout_s=10, retry=retry), e)
-                for s, e in zip(servers, engines)]
+    replicas = [Replica(OpenAICompletionClient(s.base_url, "fake", timeout_s=10, retry=retry), e,
+                        alive=lambda s=s: not s.dead, restart=(restarts or {}).get(i))
+                for i, (s, e) in enumerate(zip(servers, engines))]
 
     async def play(client, ref, sample, seed):  # type: ignore[no-untyped-def]
         env = make("arithmetic", **cfg.env.kwargs)
@@ -57,7 +62,7 @@ def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeSe
     sched = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=4,
                             staleness=staleness, stale_policy=policy)
     source = OrchestratedRollout(mode, sched, replicas, tasks=tasks, run_episode=play,
-                                 weights_root=run_dir / "weights", seed=cfg.seed)
+                                 weights_root=run_dir / "weights", seed=cfg.seed, health=health)
     return Trainer(cfg, run_dir, learner=learner, algo=algorithm, source=source,
                    weight_sync=WeightPublisher(run_dir / "weights"), pad_id=257)
 
@@ -112,16 +117,97 @@ def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:
     assert all(r["rollout/lost"] == 0 for r in rows)
     failed = [t for t in lines(tmp_path / "trajectories.jsonl") if t["status"] == "failed"]
     assert failed and all("replica hiccup" in t["error"] for t in failed)  # recorded with the cause
-    assert rows[-1]["rollout/requeued"] >= len(failed)
+    final = trainer.source.stats()  # episodes go on after the last step's row; after run() none is running
+    assert final["rollout/lost"] == 0
+    assert final["rollout/requeued"] + final["rollout/failed_total"] >= len(failed)
 
 
-def test_resuming_an_async_run_says_it_is_not_supported_yet(tmp_path: Path, servers) -> None:  # type: ignore[no-untyped-def]
-    from dataclasses import replace
+def trained_episodes(run_dir: Path) -> list[dict[str, Any]]:
+    """Every episode the learner trained on, from batches.jsonl, with its step."""
+    return [{**e, "step": row["step"]} for row in lines(run_dir / "batches.jsonl") for e in row["episodes"]]
 
-    asyncio.run(make_async_trainer("async", "reinforce_mean", tmp_path, servers, [FakeEngine(), FakeEngine()],
-                                   max_steps=1).run())
-    trainer = make_async_trainer("async", "reinforce_mean", tmp_path, servers, [FakeEngine(), FakeEngine()],
-                                 max_steps=2)
-    trainer.cfg = replace(trainer.cfg, resume=True)
-    with pytest.raises(NotImplementedError, match="not supported yet"):
+
+def test_a_replica_that_dies_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
+    """Replica 1 crashes (its in-flight requests get no answer, new ones are refused) after 10
+    requests; the watcher sees it, the scheduler re-queues its attempts, it is restarted on the same
+    port and synced to the newest version before it serves again."""
+    b = FakeServer(responder=slow_responder)
+    seen = {"n": 0}
+
+    def crashing(request: dict, prompt: str) -> Reply:
+        seen["n"] += 1
+        if seen["n"] == 10:
+            threading.Thread(target=b.kill).start()
+        return slow_responder(request, prompt)
+
+    b.responder = crashing
+
+    async def restart_b() -> None:
+        await asyncio.sleep(0.3)  # a restart takes a while; work goes on on replica 0
+        await asyncio.to_thread(b.restart)
+
+    engines = [FakeEngine(), FakeEngine()]
+    with FakeServer(responder=slow_responder) as a, b:
+        trainer = make_async_trainer("async", "sao", tmp_path, [a, b], engines, staleness=1, max_steps=4,
+                                     health=HealthConfig(interval_s=0.05, failures=2, timeout_s=1.0),
+                                     restarts={1: restart_b})
         asyncio.run(trainer.run())
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= 1 for r in rows)
+    final = trainer.source.stats()
+    assert final["rollout/replica_deaths"] == 1 and final["rollout/replica_restarts"] == 1
+    assert final["rollout/lost"] == 0 and final["rollout/requeued"] >= 1  # its in-flight attempts came back
+    reloads = [c for c in engines[1].calls if c.startswith("reload:")]
+    assert len(reloads) >= 2  # the start version, then the newest version after the restart
+    episodes = trained_episodes(tmp_path)
+    assert len(episodes) == 16
+    assert len({e["prompt_index"] for e in episodes}) == 16  # no prompt trained twice
+    assert all(e["step"] - 1 - e["policy_version"] <= 1 for e in episodes)  # staleness <= k per trained episode
+
+
+def test_a_replica_that_cannot_be_restarted_stops_the_run_with_the_cause(tmp_path: Path, servers) -> None:  # type: ignore[no-untyped-def]
+    a, b = servers
+    calls = {"n": 0}
+
+    async def broken_restart() -> None:
+        calls["n"] += 1
+        raise OSError("no memory to start vLLM")
+
+    b.kill()
+    trainer = make_async_trainer("async", "reinforce_mean", tmp_path, [a, b], [FakeEngine(), FakeEngine()],
+                                 health=HealthConfig(interval_s=0.05, failures=1, timeout_s=1.0, max_restarts=2),
+                                 restarts={1: broken_restart}, max_steps=50)
+    with pytest.raises(RuntimeError, match="max_restarts=2 restarts used up"):
+        asyncio.run(trainer.run())
+    assert calls["n"] == 2
+
+
+@pytest.mark.parametrize("mode,algo", [("async", "sao"), ("pipe", "grpo")])
+def test_resuming_mid_run_neither_loses_nor_retrains_a_prompt(mode: str, algo: str, tmp_path: Path, servers) -> None:  # type: ignore[no-untyped-def]
+    """Stop after step 2 with prompts in flight and finished-untrained; resume to step 4. The
+    scheduler starts at version 2, the checkpoint's open prompts are admitted first, and across both
+    runs every prompt is trained at most once."""
+    first = make_async_trainer(mode, algo, tmp_path, servers, [FakeEngine(), FakeEngine()], max_steps=2)
+    asyncio.run(first.run())
+    state = json.loads((tmp_path / "checkpoints" / "step_000002" / "state.json").read_text())
+    open_at_2 = {r["index"] for r in state["source"]["open"]}
+    if mode == "async":  # the engines never wait for the learner: work was in flight at the checkpoint
+        assert open_at_2
+    engines = [FakeEngine(), FakeEngine()]
+    second = make_async_trainer(mode, algo, tmp_path, servers, engines, max_steps=4, resume=True)
+    asyncio.run(second.run())
+    assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert all(e.calls[:2] == ["pause", "reload:v000002"] for e in engines), [e.calls[:4] for e in engines]  # version 2 first
+    episodes = trained_episodes(tmp_path)
+    keys = [(e["prompt_index"], e["sample"]) for e in episodes]
+    assert len(keys) == len(set(keys)) == 4 * 4  # nothing trained twice
+    before = {e["prompt_index"] for e in episodes if e["step"] <= 2}
+    after = {e["prompt_index"] for e in episodes if e["step"] > 2}
+    assert not before & open_at_2
+    still_open = {r.index for r in second.source._prompts.open()}
+    failed = {t["info"]["prompt_index"] for t in lines(tmp_path / "trajectories.jsonl") if t["status"] != "ok"}
+    assert open_at_2 <= after | still_open | failed  # none lost
+    if mode == "async":
+        assert open_at_2 & after  # re-admitted first, so trained in the resumed steps
+    assert all(r["rollout/lost"] == 0 for r in lines(tmp_path / "metrics.jsonl"))

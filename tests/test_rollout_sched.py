@@ -142,6 +142,25 @@ def test_replica_death_requeues_in_flight_and_loses_nothing():
     assert len(of(out, RecordFailed)) == len(again) and not of(out, Requeue)
 
 
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async", "multi_version", "pipe"])
+def test_a_resumed_schedule_starts_at_the_checkpoint_version(mode: str):
+    """A run resumed from the checkpoint of step 5: work starts on version 5, the first optimizer
+    step is step 5 (-> version 6), and staleness counts from there."""
+    group = 2 if mode == "pipe" else 1
+    s = make_scheduler(mode, SchedulerConfig(batch_size=2, group_size=group, max_concurrency=2, staleness=1),
+                       2, start_version=5)
+    starts = of(s.start(0.0), StartTrajectory)
+    assert starts and {a.version for a in starts} == {5}
+    trains = []
+    for a in starts:
+        trains += of(feed(s, done(a)), TrainOn)
+    assert trains and trains[-1].step == 5 and trains[-1].final
+    feed(s, TrainStepDone(6))
+    assert s.stats()["learner/version"] == 6 and s.stats()["staleness/max"] <= 1  # from 5, not from 0
+    with pytest.raises(LedgerError):
+        make_scheduler(mode, SchedulerConfig(batch_size=2, group_size=group), 1, start_version=-1)
+
+
 # ---------------------------------------------------------------- multi_version (DORA)
 
 

@@ -78,6 +78,9 @@ class FakeEngine:
     async def reset_prefix_cache(self) -> bool:
         return True
 
+    async def health(self) -> bool:
+        return True
+
 
 def tiny_policy(seed: int = 0):  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM

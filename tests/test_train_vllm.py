@@ -210,3 +210,81 @@ def test_async_sao_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
         assert engine_call(server, lambda c: c.weight_version()) in ("2", "3")  # reloaded as versions came out
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
+    """rollout=pipe algo=grpo on the session's vLLM: complete groups stream to the learner, every
+    trajectory is sampled by the weights it is trained at (staleness 0), nothing lost."""
+    from sao.rl.build import run_training
+
+    server = restore_engine
+    cfg = real_config("grpo", server, max_steps=2, keep_checkpoints=1, batch_size=4)
+    cfg = replace(cfg, rollout=replace(cfg.rollout, mode="pipe", concurrency=8))
+    try:
+        run_training(replace(cfg, output_dir=str(tmp_path / "pipe")), tmp_path / "pipe")
+        rows = lines(tmp_path / "pipe" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2]
+        for r in rows:
+            assert r["rollout/lost"] == 0 and r["rollout/batch_staleness_max"] == 0
+            assert math.isfinite(r["loss/policy"])
+        for row in lines(tmp_path / "pipe" / "batches.jsonl"):  # whole groups, sampled at the step's version
+            prompts = [e["prompt_index"] for e in row["episodes"]]
+            assert all(prompts.count(p) == 2 for p in prompts)
+            assert {e["policy_version"] for e in row["episodes"]} == {row["step"] - 1}
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_async_sao_survives_a_killed_replica_and_resumes(smollm2_dir: Path, tmp_path: Path) -> None:
+    """`sao-train rollout=async` with two managed vLLM replicas; replica 1's process group is killed
+    (SIGKILL, as the OOM killer would) after step 1. The run notices, re-queues what was in flight
+    on it, restarts it on its port, syncs it to the newest weights, and finishes with nothing lost
+    and staleness within k. Then the run is resumed (on one replica) for two more steps: no prompt
+    is trained twice across the whole run."""
+    import signal
+    import time
+
+    exe = Path(sys.executable).with_name("sao-train")
+    run_dir = tmp_path / "run"
+    common = [f"output_dir={run_dir}", "rollout=async", "rollout.staleness=1", "rollout.concurrency=4",
+              "batch_size=4", "value_pretrain_steps=1", "env.max_tokens=32", "engine.kv_cache_gib=1",
+              "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger.tensorboard=false"]
+    try:
+        proc = subprocess.Popen([str(exe), "max_steps=4", "rollout.replicas=2", *common],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 900
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no step after 15 min"
+            time.sleep(1)
+        engines = json.loads((run_dir / "engines.json").read_text())
+        victim = engines[1]["pid"]
+        os.killpg(victim, signal.SIGKILL)  # the server is a session leader: its whole tree goes
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-4000:]
+        rows = lines(metrics)
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        assert all(r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= 1 for r in rows)
+        assert rows[-1]["rollout/replica_deaths"] >= 1 and rows[-1]["rollout/replica_restarts"] >= 1, out[-4000:]
+        assert json.loads((run_dir / "engines.json").read_text())[1]["pid"] != victim  # restarted
+        assert (run_dir / "vllm-1.log").read_text().count("Application startup complete") == 2
+        print(f"\nkilled replica 1 (pid {victim}) after step 1: "
+              + "; ".join(f"step {r['step']}: staleness max {r['rollout/staleness_max']:.0f}, requeued "
+                          f"{r['rollout/requeued']:.0f}, deaths {r['rollout/replica_deaths']:.0f}, restarts "
+                          f"{r['rollout/replica_restarts']:.0f}, live {r['rollout/replicas_live']:.0f}" for r in rows))
+
+        resumed = subprocess.run([str(exe), "max_steps=6", "resume=true", "rollout.replicas=1", *common],
+                                 capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert "re-admitting" in resumed.stdout + resumed.stderr  # the checkpoint held prompts in flight
+        rows = lines(metrics)
+        assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+        assert all(r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= 1 for r in rows)
+        episodes = [e for row in lines(run_dir / "batches.jsonl") for e in row["episodes"]]
+        assert len(episodes) == 6 * 4
+        assert len({e["prompt_index"] for e in episodes}) == len(episodes)  # none trained twice
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(tmp_path, ignore_errors=True)

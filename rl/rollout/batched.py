@@ -118,13 +118,14 @@ class _BatchMode:
     name = ""
     stream_groups = False  # pipe: admission order matters for the trainer
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
         self.config = config
-        self.book = Book(config, n_replicas, source)
+        self.book = Book(config, n_replicas, source, start_version)
         self.batch: GroupBatch | None = None
         self._group_of: dict[int, Group] = {}
         self._barrier: set[int] = set()  # replicas syncing before the next batch may start
-        self._barrier_version = 0  # the version they sync to: the next batch's
+        self._barrier_version = start_version  # the version they sync to: the next batch's
         self._open_after_barrier = False
 
     # ------------------------------------------------------------ Scheduler protocol
@@ -308,8 +309,9 @@ class OneStepOffScheduler(_BatchMode):
 
     name = "one_step_off"
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
-        super().__init__(config, n_replicas, source)
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        super().__init__(config, n_replicas, source, start_version)
         self._ready: list[Group] | None = None  # a generated batch waiting for the trainer
 
     def _on_batch_complete(self, now: float) -> list[Action]:
@@ -338,8 +340,9 @@ class PipeScheduler(_BatchMode):
     name = "pipe"
     stream_groups = True
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
-        super().__init__(config, n_replicas, source)
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        super().__init__(config, n_replicas, source, start_version)
         self._fifo: deque[Group] = deque()
 
     def _on_group_complete(self, g: Group, now: float) -> list[Action]:

@@ -37,17 +37,22 @@ log = logging.getLogger(__name__)
 
 class Book:
     """Shared state of one scheduler. ``published``: the learner's newest version (from
-    ``TrainStepDone``); ``next_step``: the learner version the next ``TrainOn`` will train at."""
+    ``TrainStepDone``); ``next_step``: the learner version the next ``TrainOn`` will train at.
+    ``start_version``: the learner's version when the schedule starts (k when a run resumes from
+    the checkpoint of step k; every replica must serve it before the first ``StartTrajectory``)."""
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        if start_version < 0:
+            raise LedgerError(f"start_version must be >= 0, got {start_version}")
         self.config = config
-        self.pool = ReplicaPool(n_replicas, config.max_concurrency)
+        self.pool = ReplicaPool(n_replicas, config.max_concurrency, start_version)
         self.ledger = Ledger()
         self.source: PromptSource = source if source is not None else CountingPrompts()
         self.retries: deque[Prompt] = deque()
         self.failures: Counter[tuple[int, int]] = Counter()
-        self.published = 0
-        self.next_step = 0
+        self.published = start_version
+        self.next_step = start_version
         self.training = False  # an optimizer step is queued or running on the trainer
         self._traj = 0
 

@@ -8,7 +8,7 @@ from sao.rl.rollout.batched import OneStepOffScheduler, PipeScheduler, SyncSched
 from sao.rl.rollout.core import PromptSource, Scheduler, SchedulerConfig, unknown_name
 from sao.rl.rollout.streaming import AsyncScheduler, MultiVersionScheduler
 
-SchedulerFactory = Callable[[SchedulerConfig, int, "PromptSource | None"], Scheduler]
+SchedulerFactory = Callable[..., Scheduler]  # (config, n_replicas, source, start_version) -> Scheduler
 
 MODES: dict[str, SchedulerFactory] = {
     "sync": SyncScheduler,
@@ -20,8 +20,9 @@ MODES: dict[str, SchedulerFactory] = {
 
 
 def make_scheduler(mode: str, config: SchedulerConfig, n_replicas: int,
-                   source: PromptSource | None = None) -> Scheduler:
-    """The scheduler of ``mode`` over ``n_replicas`` replicas (unknown names suggest the closest)."""
+                   source: PromptSource | None = None, start_version: int = 0) -> Scheduler:
+    """The scheduler of ``mode`` over ``n_replicas`` replicas (unknown names suggest the closest),
+    starting at learner version ``start_version`` (a resumed run's checkpoint step)."""
     if mode not in MODES:
         raise unknown_name("rollout mode", mode, tuple(MODES))
-    return MODES[mode](config, n_replicas, source)
+    return MODES[mode](config, n_replicas, source, start_version)

@@ -31,13 +31,13 @@ class Replica:
 
 
 class ReplicaPool:
-    """``n`` replicas, all serving version 0 at the start, each running at most ``capacity``."""
+    """``n`` replicas, all serving ``version`` at the start, each running at most ``capacity``."""
 
-    def __init__(self, n: int, capacity: int) -> None:
+    def __init__(self, n: int, capacity: int, version: int = 0) -> None:
         if n < 1:
             raise ValueError(f"need at least one replica, got {n}")
         self.capacity = capacity
-        self.replicas = [Replica(i) for i in range(n)]
+        self.replicas = [Replica(i, version) for i in range(n)]
 
     def __getitem__(self, rid: int) -> Replica:
         return self.replicas[rid]

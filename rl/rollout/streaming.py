@@ -64,10 +64,11 @@ class AsyncScheduler:
 
     name = "async"
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
         _single_rollout(self.name, config)
         self.config = config
-        self.book = Book(config, n_replicas, source)
+        self.book = Book(config, n_replicas, source, start_version)
         self.waiting: deque[int] = deque()  # finished, in finishing order
         self.masked = 0
 
@@ -152,10 +153,11 @@ class MultiVersionScheduler:
 
     name = "multi_version"
 
-    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
         _single_rollout(self.name, config)
         self.config = config
-        self.book = Book(config, n_replicas, source)
+        self.book = Book(config, n_replicas, source, start_version)
         self.waiting: dict[int, int] = {}  # finished traj id -> version, in finishing order
         self.in_flight: Counter[int] = Counter()  # version -> in-flight trajectories
         self.untrained: Counter[int] = Counter()  # version -> in flight or waiting
