@@ -52,6 +52,7 @@ class FakeServer:
         self._script = deque(self.script)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
+        self._life = threading.RLock()  # start, stop, kill and restart may come from several threads
         self.dead = False  # killed: requests in flight get their connection closed, new ones are refused
 
     @property
@@ -60,30 +61,34 @@ class FakeServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> FakeServer:
-        handler = type("Handler", (_Handler,), {"fake": self})
-        server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256, "allow_reuse_address": True})
-        self._httpd = server_cls(("127.0.0.1", self.port), handler)
-        self.port = self._httpd.server_address[1]
-        self._httpd.daemon_threads = True
-        self.dead = False
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
+        with self._life:
+            handler = type("Handler", (_Handler,), {"fake": self})
+            server_cls = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256, "allow_reuse_address": True})
+            self._httpd = server_cls(("127.0.0.1", self.port), handler)
+            self.port = self._httpd.server_address[1]
+            self._httpd.daemon_threads = True
+            self.dead = False
+            threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+            return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
+        with self._life:
+            if self._httpd is not None:
+                self._httpd.shutdown()
+                self._httpd.server_close()
+                self._httpd = None
 
     def kill(self) -> None:
         """Die like a crashed engine: stop listening, drop the requests in flight without an answer."""
-        self.dead = True
-        self.__exit__()
+        with self._life:
+            self.dead = True
+            self.__exit__()
 
     def restart(self) -> None:
         """Come back on the same port (after :meth:`kill`)."""
-        self.__exit__()
-        self.__enter__()
+        with self._life:
+            self.__exit__()
+            self.__enter__()
 
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:

@@ -1,13 +1,17 @@
 """Rollout modes by scale, in the simulator: the table behind the orchestration goals.
 
     python benchmarks/pipeline_sim.py [--scenario paper_like] [--engines 8,64,256,1024] [--steps N]
-                                      [--json OUT.json] [--pipe-sweep]
+                                      [--batch-per-engine B] [--json OUT.json] [--pipe-sweep]
 
 Runs ``sync``, ``one_step_off``, ``async`` (stale policy ``drop``) and ``async_mask`` (``mask``),
 ``multi_version``, ``pipe`` (and ``pipe``'s baseline ``sync_grpo``) at each engine count with the same workload, batch size and number of steps, prints
 the mode x engines table and the comparisons with the goals (async >= 3x sync trajectories/h with
 trainer idle <= 5% at 256 engines; multi_version >= 1.3x one_step_off; pipe cuts
 rollout-to-train-end by >= 40% and trainer waiting by >= 60% vs sync GRPO).
+
+``--batch-per-engine B`` scales the batch with the fleet (B trajectories per engine per step, whole
+GRPO groups); without it every scale trains on the scenario's fixed batch, which leaves most of a
+large fleet idle in every mode.
 
 ``--pipe-sweep`` also varies the trainer's speed at 64 engines: CGP can only hide training time
 behind the rollout, so pipe's gain depends on how long training is next to the rollout's tail.
@@ -55,6 +59,7 @@ def main() -> None:
     p.add_argument("--scenario", default="paper_like", choices=sorted(SCENARIOS))
     p.add_argument("--engines", default="8,64,256,1024")
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-per-engine", type=int, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--pipe-sweep", action="store_true")
     args = p.parse_args()
@@ -64,8 +69,10 @@ def main() -> None:
     console = Console(width=max(Console().width, 150))
     engines = [int(x) for x in args.engines.split(",")]
     t0 = time.perf_counter()
-    grid = run_grid(MODES, engines, config)
-    console.print(f"{args.scenario}: batch {config.scheduler.batch_size}, {config.steps} steps, k = "
+    grid = run_grid(MODES, engines, config, batch_per_engine=args.batch_per_engine)
+    batch = (f"{args.batch_per_engine} trajectories per engine" if args.batch_per_engine
+             else config.scheduler.batch_size)
+    console.print(f"{args.scenario}: batch {batch}, {config.steps} steps, k = "
                   f"{config.scheduler.staleness} ({config.scheduler.stale_policy}), GRPO groups of "
                   f"{config.grpo_group_size}; simulated in {time.perf_counter() - t0:.0f} s")
     render(grid, console)

@@ -378,9 +378,11 @@ class OrchestratedRollout:
 
     def _execute(self, actions: list[Any]) -> None:
         for action in actions:
-            if isinstance(action, StartTrajectory):
-                if action.replica in self._dead:
-                    raise RuntimeError(f"the scheduler started trajectory {action.traj_id} on dead replica {action.replica}")
+            if isinstance(action, (StartTrajectory, SyncReplica)) and action.replica in self._dead:
+                # Decided before the scheduler read the queued ReplicaDied, which ends this attempt
+                # (re-queued) or this sync: nothing to run.
+                log.debug("skipping %r: replica %d is dead", action, action.replica)
+            elif isinstance(action, StartTrajectory):
                 self._running[action.traj_id] = (action, self._spawn(self._episode(action)))
             elif isinstance(action, SyncReplica):
                 self._spawn(self._sync(action))
