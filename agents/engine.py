@@ -123,6 +123,7 @@ class VLLMServer:
         self._log_path: Path | None = None
         self._lock = threading.RLock()
         self._guarding_sigterm = False
+        self._closed = False  # left its ``with`` block: no (re)start may bring it back
 
     # ------------------------------------------------------------------ what callers read
 
@@ -167,11 +168,15 @@ class VLLMServer:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        with self._lock:
+            self._closed = True  # a restart racing this exit in another thread must not start it again
         self.stop()
 
     def start(self) -> VLLMServer:
         """Start the server and block until ``/health`` answers 200; :class:`EngineStartError` if not."""
         with self._lock:
+            if self._closed:
+                raise EngineStartError("the server was closed; it is not started again")
             if self._proc is not None:
                 raise RuntimeError("the server is already started")
             cfg = self.config
