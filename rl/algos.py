@@ -141,22 +141,43 @@ class GRPO(_Stateless):
     (``algo=grpo_dis``, chosen by ``algo.loss``)."""
 
     uses_critic = False
+    streams = True  # complete groups carry their own baseline: the step can be taken part by part
 
     def __init__(self, cfg: AlgoConfig):
         if cfg.group_size < 2:
             raise ConfigError(f"GRPO needs algo.group_size >= 2 (samples per prompt), got {cfg.group_size}")
         self.loss = make_loss(cfg)
         self.scale_by_std = cfg.scale_by_std
+        self._rows: list[Tensor] = []  # per-row advantages of the parts of the step in progress
 
     def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        per_row = self._advantages(batch)
+        metrics = learner.policy_step(batch, _token_advantages(batch, per_row), self.loss)
+        return metrics | self._adv_metrics(per_row)
+
+    # RolloutPipe's complete-group pipelining: micro-batches of whole groups as they complete.
+    def begin(self, learner: Learner) -> None:
+        self._rows = []
+        learner.begin_policy_step()
+
+    def accumulate(self, learner: Learner, batch: Batch) -> None:
+        per_row = self._advantages(batch)
+        learner.accumulate_policy(batch, _token_advantages(batch, per_row), self.loss)
+        self._rows.append(per_row)
+
+    def finish(self, learner: Learner) -> dict[str, float]:
+        metrics = learner.finish_policy_step()
+        return metrics | self._adv_metrics(torch.cat(self._rows))
+
+    def _advantages(self, batch: Batch) -> Tensor:
         if batch.group_ids is None:
             raise ValueError("GRPO needs batch.group_ids (collate sets them)")
-        per_row = grpo_advantages(batch.rewards, batch.group_ids, scale_by_std=self.scale_by_std)
-        advantages = _token_advantages(batch, per_row)
-        metrics = learner.policy_step(batch, advantages, self.loss)
-        metrics["adv/mean"] = float(per_row.mean())
-        metrics["adv/zero_frac"] = float((per_row == 0).float().mean())  # rows in all-equal groups: no signal
-        return metrics
+        return grpo_advantages(batch.rewards, batch.group_ids, scale_by_std=self.scale_by_std)
+
+    @staticmethod
+    def _adv_metrics(per_row: Tensor) -> dict[str, float]:
+        return {"adv/mean": float(per_row.mean()),
+                "adv/zero_frac": float((per_row == 0).float().mean())}  # rows in all-equal groups: no signal
 
 
 class ReinforceMean:

@@ -24,7 +24,7 @@ from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
-from sao.rl.config import TrainConfig, engine_urls, validate
+from sao.rl.config import TrainConfig, engine_urls, scheduler_config, validate
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
@@ -161,7 +161,6 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], client
     from sao.agents import run_episode
     from sao.envs import make
     from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
-    from sao.rl.rollout import SchedulerConfig
 
     kwargs = env_kwargs(cfg)
 
@@ -173,9 +172,7 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], client
         finally:
             await asyncio.to_thread(env.close)
 
-    r = cfg.rollout
-    config = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=r.concurrency,
-                             staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures)
+    r, config = cfg.rollout, scheduler_config(cfg)
     def replica(engine: Engine, client: Any, control: Any) -> Replica:
         server = engine.server
         if server is None:  # external: watched through /health, restarted by whoever runs it

@@ -106,6 +106,11 @@ class RolloutConfig:
     staleness: int = 4  # k: learner version - oldest version of a trained trajectory (async, multi_version)
     stale_policy: str = "drop"  # async: drop (re-queue the prompt) | mask (train it; DIS masks the tokens)
     max_failures: int = 3  # failed attempts of a request before it is recorded failed
+    async_outstanding: float | None = None  # async: batches in flight or finished-untrained (null: k + 1)
+    admit_lag: int | None = None  # multi_version: a replica this many versions behind still admits (null: k // 2)
+    drain_below: float = 0.25  # multi_version: an old replica this loaded (fraction of concurrency) drains
+    micro_groups: int = 1  # pipe: complete groups per part handed to the learner (CGP)
+    frontier_first: bool = True  # pipe: admit the frontier group's requests first (FGD)
 
 
 @dataclass
@@ -170,6 +175,21 @@ def engine_urls(base_url: str | None) -> list[str]:
     return [u.strip().rstrip("/").removesuffix("/v1") for u in (base_url or "").split(",") if u.strip()]
 
 
+def scheduler_config(cfg: TrainConfig) -> Any:
+    """The :class:`sao.rl.rollout.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
+    from sao.rl.rollout import ConfigError as RolloutConfigError
+    from sao.rl.rollout import SchedulerConfig
+
+    r = cfg.rollout
+    try:
+        return SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=r.concurrency,
+                               staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures,
+                               micro_groups=r.micro_groups, frontier_first=r.frontier_first,
+                               async_outstanding=r.async_outstanding, admit_lag=r.admit_lag, drain_below=r.drain_below)
+    except RolloutConfigError as exc:
+        raise ConfigError(f"rollout: {exc}") from exc
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that a schema cannot express. Raises :class:`ConfigError`."""
     for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -209,3 +229,5 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.env.max_tokens >= cfg.engine.max_model_len:
         raise ConfigError(f"env.max_tokens ({cfg.env.max_tokens}) must be below engine.max_model_len "
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
+    if cfg.rollout.mode != "sync":
+        scheduler_config(cfg)

@@ -143,6 +143,7 @@ class Learner:
     ) -> None:
         self.config = cfg = config or LearnerConfig()
         self.policy, self.value_model = policy, value_model
+        self._stream: dict | None = None  # a policy step being accumulated part by part
         self.device = next(policy.parameters()).device
         self.policy_optimizer = policy_optimizer or torch.optim.AdamW(
             policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -255,11 +256,58 @@ class Learner:
         ``rollout/logprob_gap`` (mean |logp_train - logp_rollout| over action tokens, measured before the
         step) and ``rollout/kl_k{1,2,3}`` (KL(pi_train || pi_rollout) estimates, same tokens).
         """
-        cfg = self.config
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
-        norm = self._normalizer(batch.action_mask)
         self.policy_optimizer.zero_grad(set_to_none=True)
-        sums, loss_total, n_mb = defaultdict(float), 0.0, 0
+        sums: defaultdict[str, float] = defaultdict(float)
+        loss_total, n_mb = self._policy_backward(batch, loss_fn, self._normalizer(batch.action_mask), sums)
+        return self._policy_apply(sums, loss_total, n_mb, batch.num_action_tokens)
+
+    # ---- a policy step over micro-batches that arrive one by one (RolloutPipe's CGP) -------------
+
+    def begin_policy_step(self) -> None:
+        """Start a policy step whose batch arrives in parts (:meth:`accumulate_policy`, then
+        :meth:`finish_policy_step`). The gradient is exact: each part's loss is summed with
+        normalizer 1 and the sum is divided by the whole batch's normalizer at the end -- every
+        aggregation is (sum of per-token terms) / a batch-level scalar (sao.rl.losses), so this
+        equals :meth:`policy_step` on the concatenated batch up to float rounding."""
+        self.policy_optimizer.zero_grad(set_to_none=True)
+        self._stream = {"sums": defaultdict(float), "loss": 0.0, "n_mb": 0, "tokens": 0, "rows": 0, "parts": 0}
+
+    def accumulate_policy(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> None:
+        """Backward one part of the step's batch (its gradients add up in the parameters)."""
+        st = self._stream
+        if st is None:
+            raise RuntimeError("accumulate_policy before begin_policy_step")
+        batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
+        unit = float(self.config.agg_normalizer) if self.config.agg == "token-sum-norm" else 1.0
+        loss, n_mb = self._policy_backward(batch, loss_fn, unit, st["sums"])
+        st["loss"] += loss
+        st["n_mb"] += n_mb
+        st["tokens"] += batch.num_action_tokens
+        st["rows"] += int((batch.action_mask.sum(-1) > 0).sum())
+        st["parts"] += 1
+
+    def finish_policy_step(self) -> dict[str, float]:
+        """Divide the accumulated gradients by the whole batch's normalizer and take the step."""
+        st = self._stream
+        if st is None or st["n_mb"] == 0:
+            raise RuntimeError("finish_policy_step needs begin_policy_step and at least one accumulate_policy")
+        self._stream = None
+        agg = self.config.agg
+        norm = float(max(st["tokens"], 1)) if agg == "token-mean" else float(max(st["rows"], 1)) if (
+            agg == "seq-mean-token-mean") else 1.0  # token-sum-norm: each part was already divided
+        for param in self.policy.parameters():
+            if param.grad is not None:
+                param.grad.div_(norm)
+        metrics = self._policy_apply(st["sums"], st["loss"] / norm, st["n_mb"], st["tokens"])
+        return {**metrics, "policy/parts": float(st["parts"])}
+
+    def _policy_backward(self, batch: Batch, loss_fn: PolicyLoss | None, norm: float,
+                         sums: defaultdict[str, float]) -> tuple[float, int]:
+        """Forward and backward every micro-batch of ``batch`` with the loss divided by ``norm``;
+        per-token-weighted metrics added to ``sums``. Returns (summed loss, micro-batches)."""
+        cfg = self.config
+        loss_total, n_mb = 0.0, 0
         for mb in micro_batches(batch, cfg.token_budget):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
             loss, m = (loss_fn or DISLoss(cfg.eps_low, cfg.eps_high))(logp, mb, agg=cfg.agg, normalizer=norm)
@@ -273,12 +321,16 @@ class Learner:
             m |= {"rollout/logprob_gap": gap.item(), **{f"rollout/kl_{k[3:]}": v for k, v in kl.items()}}
             for k, v in m.items():
                 sums[k] += v * mb.num_action_tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip or float("inf"))
+        return loss_total, n_mb
+
+    def _policy_apply(self, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int) -> dict[str, float]:
+        """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip or float("inf"))
         self.policy_optimizer.step()
-        n = max(batch.num_action_tokens, 1)
+        n = max(tokens, 1)
         return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total,
                 "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
-                "policy/action_tokens": batch.num_action_tokens}
+                "policy/action_tokens": tokens}
 
     # ---- SAO, chained ----------------------------------------------------------------------------
 

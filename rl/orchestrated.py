@@ -9,7 +9,8 @@ mode's clock-agnostic scheduler the events of real episodes and replicas, and ex
     SyncReplica(replica, version)           -> pause (in-flight requests wait), reload
                                                weights/v{version}, label, reset prefix cache, resume
                                                ... -> SyncDone
-    TrainOn(step, trajs, final)             -> hand the trajectories to the learner's next batch
+    TrainOn(step, trajs, final)             -> a part of the learner's next batch (next_parts yields it
+                                               at once: pipe's complete groups; next_batch joins them)
     Discard / Requeue / RecordFailed        -> write the attempt down (nothing is lost)
 
 One consumer task reads the event queue and calls the scheduler, so the scheduler needs no lock.
@@ -39,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -211,10 +212,10 @@ class OrchestratedRollout:
         self.start_version = 0
         self.scheduler = make_scheduler(mode, config, len(replicas), self._prompts)
         self._events: asyncio.Queue[Any] = asyncio.Queue()
-        self._batches: asyncio.Queue[RolloutBatch] = asyncio.Queue()
+        self._batches: asyncio.Queue[tuple[RolloutBatch, bool]] = asyncio.Queue()  # (part, ends the step)
+        self._step_trajectories: list[Trajectory] = []  # parts already released for the step being assembled
         self._finished: dict[int, Trajectory] = {}
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
-        self._pending: list[int] = []  # trajectories of the optimizer step being assembled
         self._failed: list[Trajectory] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -231,19 +232,37 @@ class OrchestratedRollout:
     # ---- the RolloutSource seam ------------------------------------------------------------------
 
     async def next_batch(self, n: int, learner_version: int) -> RolloutBatch:
+        """The next optimizer step's trajectories, all parts together."""
+        parts = [part async for part in self.next_parts(n, learner_version)]
+        return RolloutBatch(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
+                            (), parts[-1].metrics)
+
+    async def next_parts(self, n: int, learner_version: int) -> AsyncIterator[RolloutBatch]:
+        """The next optimizer step's trajectories as the scheduler releases them: one part per
+        ``TrainOn`` (``pipe``: complete groups, FIFO, while the rest of the batch is still being
+        generated; the other modes release the batch in one part). The last part carries the step's
+        rollout metrics. A learner that accumulates gradients part by part overlaps training with
+        the rollout's tail (RolloutPipe's CGP)."""
         if n != self.config.batch_size:
             raise ValueError(f"asked for {n} trajectories, the scheduler was built for {self.config.batch_size}")
         self._ensure_running()
         assert self._loop_task is not None
-        getter = asyncio.ensure_future(self._batches.get())
-        done, _ = await asyncio.wait({getter, self._loop_task}, return_when=asyncio.FIRST_COMPLETED)
-        if getter not in done:
-            getter.cancel()
-            raise RuntimeError(f"the rollout loop stopped: {self._error!r}") from self._error
-        batch = getter.result()
-        for t in (*batch.trajectories, *batch.failed):  # the learner has them: their groups are closed
-            self._prompts.close(t.info["prompt_index"])
-        return batch
+        final = False
+        while not final:
+            getter = asyncio.ensure_future(self._batches.get())
+            done, _ = await asyncio.wait({getter, self._loop_task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                raise RuntimeError(f"the rollout loop stopped: {self._error!r}") from self._error
+            part, final = getter.result()
+            for t in (*part.trajectories, *part.failed):  # the learner has them: their groups are closed
+                self._prompts.close(t.info["prompt_index"])
+            yield part
+
+    @property
+    def streams_parts(self) -> bool:
+        """Whether a step's batch comes in several parts worth training as they arrive."""
+        return self.mode == "pipe"
 
     async def warmup_batch(self, n: int, learner_version: int) -> RolloutBatch:
         """``n`` episodes on the initial weights outside the schedule, before it starts (critic
@@ -444,18 +463,18 @@ class OrchestratedRollout:
             self._events.put_nowait(SyncDone(rid, action.version))
 
     def _train_on(self, action: TrainOn) -> None:
-        self._pending += list(action.traj_ids)
-        if not action.final:
-            return
-        trajectories = tuple(self._finished.pop(t) for t in self._pending)
-        self._pending = []
-        staleness = [action.step - t.info["policy_version"] for t in trajectories]
-        wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
-        metrics = {**rollout_metrics(trajectories, trajectories, wall), **self.stats(),
-                   "rollout/batch_staleness_max": float(max(staleness)),
-                   "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
+        trajectories = tuple(self._finished.pop(t) for t in action.traj_ids)
+        self._step_trajectories += trajectories
+        metrics: dict[str, float] = {}
+        if action.final:
+            step, self._step_trajectories = self._step_trajectories, []
+            staleness = [action.step - t.info["policy_version"] for t in step]
+            wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
+            metrics = {**rollout_metrics(step, step, wall), **self.stats(),
+                       "rollout/batch_staleness_max": float(max(staleness)),
+                       "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []
-        self._batches.put_nowait(RolloutBatch(trajectories, failed, (), metrics))
+        self._batches.put_nowait((RolloutBatch(trajectories, failed, (), metrics), action.final))
 
     # ---- health ----------------------------------------------------------------------------------
 

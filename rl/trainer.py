@@ -214,13 +214,16 @@ class Trainer:
         self._train_step = step
         if self.tasks is not None:
             self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
-        rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+        if getattr(self.algo, "streams", False) and getattr(self.source, "streams_parts", False):
+            rollout, metrics, update_s = await self._update_in_parts(step)
+        else:
+            rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+            batch = self._collate(rollout, step)
+            t_update = time.monotonic()
+            metrics = await asyncio.to_thread(self.algo.update, learner, batch)
+            update_s = time.monotonic() - t_update
         self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
-        batch = self._collate(rollout, step)
-        t_update = time.monotonic()
-        metrics = await asyncio.to_thread(self.algo.update, learner, batch)
-        update_s = time.monotonic() - t_update
         synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe)
         self.source.on_weights(step)
         if hasattr(self.source, "stats"):  # an orchestrated source: its ledger and replica versions now
@@ -230,6 +233,27 @@ class Trainer:
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
         return {**rollout.metrics, **metrics, **synced, **online, "rollout/weight_version": step - 1,
                 "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0}
+
+    async def _update_in_parts(self, step: int) -> tuple[Any, dict[str, Any], float]:
+        """RolloutPipe's CGP: backward each part of the batch (complete groups) as the source
+        releases it, while the rest is still being generated; one optimizer step at the end."""
+        from sao.rl.sources import RolloutBatch
+
+        learner, parts, update_s = self.learner, [], 0.0
+        self.algo.begin(learner)  # type: ignore[attr-defined]
+        async for part in self.source.next_parts(self.cfg.batch_size, self.state.version):  # type: ignore[attr-defined]
+            parts.append(part)
+            if part.trajectories:
+                batch = collate(list(part.trajectories), self.pad_id)
+                t0 = time.monotonic()
+                await asyncio.to_thread(self.algo.accumulate, learner, batch)  # type: ignore[attr-defined]
+                update_s += time.monotonic() - t0
+        rollout = RolloutBatch(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
+                               (), parts[-1].metrics)
+        self._collate(rollout, step)  # the all-failed check and the warning; the parts were trained already
+        t0 = time.monotonic()
+        metrics = await asyncio.to_thread(self.algo.finish, learner)  # type: ignore[attr-defined]
+        return rollout, metrics, update_s + time.monotonic() - t0
 
     def _log_lineage(self, step: int, trajectories: Any) -> None:
         if self._lineage is None:

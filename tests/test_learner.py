@@ -152,6 +152,37 @@ def test_policy_update_does_not_depend_on_token_budget(opt):
     assert any(not torch.equal(p, q) for p, q in zip(ref.values(), base.parameters()))
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "token-sum-norm"])
+def test_a_step_taken_in_parts_equals_the_whole_batch_step(agg):
+    """RolloutPipe's CGP: the batch's parts arrive one by one (each part's loss summed with
+    normalizer 1, the sum divided by the whole batch's normalizer at the end). Same update as one
+    policy_step on the whole batch, for every aggregation mode."""
+    base = tiny_llama()
+    trajs = random_trajs([9, 6, 11, 4, 7])
+    whole = on_policy(collate(trajs, pad_id=0), base)
+    adv = torch.randn(whole.input_ids.shape, generator=torch.Generator().manual_seed(3))
+    cfg = LearnerConfig(agg=agg, agg_normalizer=16, grad_clip=1.0)
+    ref_policy = copy.deepcopy(base)
+    ref = Learner(ref_policy, cfg, policy_optimizer=torch.optim.SGD(ref_policy.parameters(), lr=0.5))
+    m_ref = ref.policy_step(whole, adv)
+    policy = copy.deepcopy(base)
+    learner = Learner(policy, cfg, policy_optimizer=torch.optim.SGD(policy.parameters(), lr=0.5))
+    learner.begin_policy_step()
+    for rows in ([0, 1], [2], [3, 4]):  # parts padded to their own width, as collate does per part
+        part = collate([trajs[i] for i in rows], pad_id=0)
+        width = part.input_ids.shape[1]
+        part = replace(part, rollout_logprobs=whole.rollout_logprobs[rows, :width])
+        learner.accumulate_policy(part, adv[rows, :width])
+    m = learner.finish_policy_step()
+    for (name, p), q in zip(policy.named_parameters(), ref_policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0), name
+    assert m["policy/parts"] == 3 and m["policy/action_tokens"] == m_ref["policy/action_tokens"]
+    for key in ("loss/policy", "grad_norm/policy", "dis/mask_frac"):
+        assert m[key] == pytest.approx(m_ref[key], abs=1e-5), key
+    with pytest.raises(RuntimeError, match="begin_policy_step"):
+        learner.finish_policy_step()
+
+
 # ---- value model ---------------------------------------------------------------------------------
 
 def test_value_model_is_an_unshared_copy_of_the_policy_backbone():

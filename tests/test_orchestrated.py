@@ -98,6 +98,8 @@ def test_pipe_trains_grpo_groups_on_policy(tmp_path: Path, servers) -> None:  # 
     rows = lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["rollout/batch_staleness_max"] == 0 and r["rollout/lost"] == 0 for r in rows)
+    # CGP: each complete group reached the learner as its own part (4 trajectories = 2 groups of 2)
+    assert all(r["policy/parts"] == 2 for r in rows)
 
 
 def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:

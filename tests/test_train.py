@@ -165,6 +165,11 @@ def test_bad_configs_fail_with_a_message() -> None:
         validate(TrainConfig(batch_size=6, algo=AlgoConfig(name="grpo", group_size=4)))
     with pytest.raises(ConfigError, match="did you mean 'async'"):
         validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="asynk")))
+    with pytest.raises(ConfigError, match="rollout: async_outstanding must be >= 1 batch"):
+        validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="async", async_outstanding=0.5)))
+    with pytest.raises(ConfigError, match="engine.base_url names 2 engine"):
+        validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="async", replicas=3),
+                             engine=replace(TrainConfig().engine, base_url="http://a:1,http://b:2/v1")))
     with pytest.raises(ConfigError, match="is_correction"):
         PPOClipLoss(is_correction="bogus")
     from hydra import compose, initialize_config_module

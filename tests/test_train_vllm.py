@@ -226,7 +226,7 @@ def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
         assert [r["step"] for r in rows] == [1, 2]
         for r in rows:
             assert r["rollout/lost"] == 0 and r["rollout/batch_staleness_max"] == 0
-            assert math.isfinite(r["loss/policy"])
+            assert math.isfinite(r["loss/policy"]) and r["policy/parts"] == 2  # CGP: one part per complete group
         for row in lines(tmp_path / "pipe" / "batches.jsonl"):  # whole groups, sampled at the step's version
             prompts = [e["prompt_index"] for e in row["episodes"]]
             assert all(prompts.count(p) == 2 for p in prompts)
