@@ -15,6 +15,27 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def _give_memory_back(request):  # type: ignore[no-untyped-def]
+    """After a test that trains or serves the real model, free what it left and hand the freed heap
+    back to the OS: glibc keeps it otherwise, and this process's RSS adds up over the real-model
+    tests until a later one that starts its own engines runs out of the machine's 24 GiB."""
+    import time
+
+    started = time.monotonic()
+    yield
+    heavy = request.node.get_closest_marker("vllm") or request.node.get_closest_marker("slow")
+    if heavy or time.monotonic() - started > 2.0:  # quick tests allocate little; skip the collection
+        import ctypes
+        import gc
+
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+
+
 def shared_file(name: str) -> Path:
     path = SHARED_DATA / name
     if not path.exists():
