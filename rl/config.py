@@ -202,13 +202,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"batch_size ({cfg.batch_size}) must be a positive multiple of algo.group_size ({g})")
     if cfg.rollout.concurrency < 1:
         raise ConfigError(f"rollout.concurrency must be >= 1, got {cfg.rollout.concurrency}")
-    modes = ("sync", "one_step_off", "async", "multi_version", "pipe")
-    if cfg.rollout.mode not in modes:
-        import difflib
+    from sao.rl.rollout import MODES
+    from sao.rl.rollout.core import unknown_name
 
-        close = difflib.get_close_matches(cfg.rollout.mode, modes, n=1)
-        raise ConfigError(f"unknown rollout {cfg.rollout.mode!r} (known: {', '.join(modes)})"
-                          + (f"; did you mean {close[0]!r}?" if close else ""))
+    if cfg.rollout.mode not in MODES:
+        raise ConfigError(str(unknown_name("rollout", cfg.rollout.mode, tuple(MODES))))
     if cfg.rollout.mode in ("async", "multi_version") and cfg.algo.group_size != 1:
         raise ConfigError(f"rollout={cfg.rollout.mode} streams single rollouts (SAO); algo.group_size must be 1, "
                           f"not {cfg.algo.group_size} (GRPO groups: rollout=pipe or sync)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol
 
@@ -119,6 +119,19 @@ class DISLoss:
                                eps_high=self.eps_high, agg=agg, normalizer=normalizer)
 
 
+@dataclass
+class _PartialStep:
+    """A policy step accumulated part by part: per-token-weighted metric sums, the summed loss, and
+    the counts the whole batch's normalizer is made of."""
+
+    sums: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    loss: float = 0.0
+    micro_batches: int = 0
+    action_tokens: int = 0
+    rows: int = 0
+    parts: int = 0
+
+
 def _pad_to(x: Tensor, width: int) -> Tensor:
     return nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -143,7 +156,7 @@ class Learner:
     ) -> None:
         self.config = cfg = config or LearnerConfig()
         self.policy, self.value_model = policy, value_model
-        self._stream: dict | None = None  # a policy step being accumulated part by part
+        self._stream: _PartialStep | None = None  # a policy step being accumulated part by part
         self.device = next(policy.parameters()).device
         self.policy_optimizer = policy_optimizer or torch.optim.AdamW(
             policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -162,10 +175,14 @@ class Learner:
 
     def _normalizer(self, action_mask: Tensor) -> float:
         """The full batch's normalizer for the configured aggregation (see sao.rl.losses)."""
+        return self._normalizer_of(int(action_mask.sum()), int((action_mask.sum(-1) > 0).sum()))
+
+    def _normalizer_of(self, action_tokens: int, rows: int) -> float:
+        """The normalizer of a batch with ``action_tokens`` action tokens in ``rows`` non-empty rows."""
         if self.config.agg == "token-mean":
-            return float(action_mask.sum().clamp(min=1))
+            return float(max(action_tokens, 1))
         if self.config.agg == "seq-mean-token-mean":
-            return float((action_mask.sum(-1) > 0).sum().clamp(min=1))
+            return float(max(rows, 1))
         return float(self.config.agg_normalizer)
 
     def _value(self) -> ValueModel:
@@ -271,7 +288,7 @@ class Learner:
         aggregation is (sum of per-token terms) / a batch-level scalar (sao.rl.losses), so this
         equals :meth:`policy_step` on the concatenated batch up to float rounding."""
         self.policy_optimizer.zero_grad(set_to_none=True)
-        self._stream = {"sums": defaultdict(float), "loss": 0.0, "n_mb": 0, "tokens": 0, "rows": 0, "parts": 0}
+        self._stream = _PartialStep()
 
     def accumulate_policy(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> None:
         """Backward one part of the step's batch (its gradients add up in the parameters)."""
@@ -279,28 +296,25 @@ class Learner:
         if st is None:
             raise RuntimeError("accumulate_policy before begin_policy_step")
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
-        unit = float(self.config.agg_normalizer) if self.config.agg == "token-sum-norm" else 1.0
-        loss, n_mb = self._policy_backward(batch, loss_fn, unit, st["sums"])
-        st["loss"] += loss
-        st["n_mb"] += n_mb
-        st["tokens"] += batch.num_action_tokens
-        st["rows"] += int((batch.action_mask.sum(-1) > 0).sum())
-        st["parts"] += 1
+        loss, n_mb = self._policy_backward(batch, loss_fn, 1.0, st.sums)
+        st.loss += loss
+        st.micro_batches += n_mb
+        st.action_tokens += batch.num_action_tokens
+        st.rows += int((batch.action_mask.sum(-1) > 0).sum())
+        st.parts += 1
 
     def finish_policy_step(self) -> dict[str, float]:
         """Divide the accumulated gradients by the whole batch's normalizer and take the step."""
         st = self._stream
-        if st is None or st["n_mb"] == 0:
+        if st is None or st.micro_batches == 0:
             raise RuntimeError("finish_policy_step needs begin_policy_step and at least one accumulate_policy")
         self._stream = None
-        agg = self.config.agg
-        norm = float(max(st["tokens"], 1)) if agg == "token-mean" else float(max(st["rows"], 1)) if (
-            agg == "seq-mean-token-mean") else 1.0  # token-sum-norm: each part was already divided
+        norm = self._normalizer_of(st.action_tokens, st.rows)
         for param in self.policy.parameters():
             if param.grad is not None:
                 param.grad.div_(norm)
-        metrics = self._policy_apply(st["sums"], st["loss"] / norm, st["n_mb"], st["tokens"])
-        return {**metrics, "policy/parts": float(st["parts"])}
+        metrics = self._policy_apply(st.sums, st.loss / norm, st.micro_batches, st.action_tokens)
+        return {**metrics, "policy/parts": float(st.parts)}
 
     def _policy_backward(self, batch: Batch, loss_fn: PolicyLoss | None, norm: float,
                          sums: defaultdict[str, float]) -> tuple[float, int]:

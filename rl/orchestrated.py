@@ -64,11 +64,10 @@ from sao.rl.rollout import (
     TrajectoryFinished,
     make_scheduler,
 )
+from sao.rl.rollout.replicas import UNKNOWN_VERSION
 from sao.rl.sources import RolloutBatch, rollout_metrics
 from sao.rl.sync import version_dir
 from sao.rl.tasks import PromptRef, episode_seed
-
-UNKNOWN_VERSION = -1
 
 log = logging.getLogger(__name__)
 
@@ -233,9 +232,7 @@ class OrchestratedRollout:
 
     async def next_batch(self, n: int, learner_version: int) -> RolloutBatch:
         """The next optimizer step's trajectories, all parts together."""
-        parts = [part async for part in self.next_parts(n, learner_version)]
-        return RolloutBatch(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
-                            (), parts[-1].metrics)
+        return RolloutBatch.join([part async for part in self.next_parts(n, learner_version)])
 
     async def next_parts(self, n: int, learner_version: int) -> AsyncIterator[RolloutBatch]:
         """The next optimizer step's trajectories as the scheduler releases them: one part per

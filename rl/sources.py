@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -44,6 +44,13 @@ class RolloutBatch:
     failed: tuple[Trajectory, ...] = ()
     prompts: tuple[PromptRef, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def join(cls, parts: Sequence[RolloutBatch]) -> RolloutBatch:
+        """One step's parts (released one by one, e.g. RolloutPipe's complete groups) as one batch;
+        the last part carries the step's metrics."""
+        return cls(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
+                   tuple(r for p in parts for r in p.prompts), parts[-1].metrics)
 
 
 class RolloutSource(Protocol):

@@ -248,9 +248,8 @@ class Trainer:
                 t0 = time.monotonic()
                 await asyncio.to_thread(self.algo.accumulate, learner, batch)  # type: ignore[attr-defined]
                 update_s += time.monotonic() - t0
-        rollout = RolloutBatch(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
-                               (), parts[-1].metrics)
-        self._collate(rollout, step)  # the all-failed check and the warning; the parts were trained already
+        rollout = RolloutBatch.join(parts)
+        self._check(rollout, step)  # before the optimizer step: an all-failed batch stops the run
         t0 = time.monotonic()
         metrics = await asyncio.to_thread(self.algo.finish, learner)  # type: ignore[attr-defined]
         return rollout, metrics, update_s + time.monotonic() - t0
@@ -279,6 +278,11 @@ class Trainer:
         return family_metrics(family_rewards(step, trajectories, probe=True))
 
     def _collate(self, rollout: Any, step: int) -> Any:
+        self._check(rollout, step)
+        return collate(list(rollout.trajectories), self.pad_id)
+
+    def _check(self, rollout: Any, step: int) -> None:
+        """:class:`TrainError` when every trajectory failed; a warning when some did."""
         if not rollout.trajectories:
             causes = sorted({t.error or "unknown" for t in rollout.failed})
             raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
@@ -286,7 +290,6 @@ class Trainer:
         if rollout.failed:
             log.warning("step %d: %d of %d trajectories failed and are not trained on (recorded in %s)", step,
                         len(rollout.failed), len(rollout.failed) + len(rollout.trajectories), self.files.trajectories)
-        return collate(list(rollout.trajectories), self.pad_id)
 
     def _save(self, step: int) -> None:
         path = self.checkpointer.save(self.learner, self.state)
