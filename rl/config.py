@@ -60,6 +60,27 @@ class EnvConfig:
     max_tokens: int = 256  # generated tokens per trajectory, all turns together
 
 
+# The attention and MLP projections of Llama-style models (Llama, Qwen2, Mistral, SmolLM).
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters through ``peft`` (:mod:`sao.rl.lora`); ``rank`` 0 trains every weight.
+
+    The policy trains only its adapters on ``target_modules``; the engine is sent the merged weights
+    (base + the adapters' delta) under the plain names. ``critic``: the value model too takes
+    adapters, on the MLP modules among ``target_modules`` only, with its norms and head trainable and
+    everything else frozen (the frozen-attention critic in LoRA form); false: the critic trains in full.
+    """
+
+    rank: int = 0  # r; 0: off
+    alpha: float = 16.0  # the adapters' scale is alpha / rank
+    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_PROJECTIONS))
+    dropout: float = 0.0  # 0: the learner's log-probs match the engine's (no dropout at train time)
+    critic: bool = False
+
+
 @dataclass
 class ModelConfig:
     """The policy: a local folder, a Hugging Face id, or an alias that ``sao-model prepare`` knows."""
@@ -67,6 +88,7 @@ class ModelConfig:
     name: str = "smollm2-135m"
     dtype: str = "float32"  # the learner's master weights
     engine_dtype: str = "bfloat16"  # what the engine serves and the weight sync writes
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -229,3 +251,18 @@ def validate(cfg: TrainConfig) -> None:
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
     if cfg.rollout.mode != "sync":
         scheduler_config(cfg)
+    validate_lora(cfg.model.lora)
+
+
+def validate_lora(lora: LoraConfig) -> None:
+    """``model.lora``'s ranges. Raises :class:`ConfigError`."""
+    if lora.rank < 0:
+        raise ConfigError(f"model.lora.rank must be >= 0 (0: no LoRA), got {lora.rank}")
+    if not lora.alpha > 0:
+        raise ConfigError(f"model.lora.alpha must be > 0, got {lora.alpha}")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"model.lora.dropout must be in [0, 1), got {lora.dropout}")
+    if lora.rank and not lora.target_modules:
+        raise ConfigError("model.lora.target_modules is empty; name the modules to adapt (e.g. q_proj, v_proj)")
+    if lora.critic and not lora.rank:
+        raise ConfigError("model.lora.critic=true needs model.lora.rank > 0 (the critic's adapters take that rank)")
