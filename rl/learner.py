@@ -1,9 +1,9 @@
-"""SAO's learner building blocks (METHOD.md 1): token log-probs, the critic step, the DIS policy step.
+"""The learner's building blocks (METHOD.md 1): token log-probs, the critic step, the policy step.
 
-The algorithm registry (``algo: sao | grpo | ppo``) lives elsewhere and composes these pieces; nothing
-here branches on an algorithm name. Tensors follow the token-aligned convention of :mod:`sao.rl.batch`:
-column t of every [B, T] tensor is about token t, and ``token_logprobs`` does the one shift (the log-prob
-of token t comes from the logits at t - 1).
+The algorithms (``algo: sao | grpo | ppo``, :mod:`sao.rl.algos`) compose these pieces with their own
+advantages and policy losses; nothing here branches on an algorithm name. Tensors follow the
+token-aligned convention of :mod:`sao.rl.batch`: column t of every [B, T] tensor is about token t, and
+``token_logprobs`` does the one shift (the log-prob of token t comes from the logits at t - 1).
 
 Micro-batching is exact: each micro-batch's loss is divided by the FULL batch's normalizer (for
 ``token-mean``: its total number of action tokens) and the gradients are summed, so one optimizer step
@@ -23,9 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sao.rl.advantages import adaptive_lambda, gae_action_tokens, token_rewards
 from sao.rl.batch import Batch, micro_batches
-from sao.rl.losses import AGG_MODES, dis_policy_loss, kl_estimates, value_loss
+from sao.rl.losses import AGG_MODES, kl_estimates, value_loss
 from sao.rl.value import ValueModel, backbone_of
 
 
@@ -39,6 +38,8 @@ class LearnerConfig:
     weight_decay: float = 0.01  # open in the paper; AdamW's usual RL value
     grad_clip: float | None = 1.0  # max global grad norm per model; None: no clipping (norm still logged)
     token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
+    # ttur_k, gamma, alpha, eps_low, eps_high: no Learner method reads them any more (the algorithm's
+    # own config does, sao.rl.algos); kept while build.learner_config passes them. Drop them together.
     ttur_k: int = 2  # value steps per policy step (two-timescale update)
     gamma: float = 1.0
     alpha: float = 1.5  # lambda_policy = 1 - 1 / (alpha * action_tokens)
@@ -107,18 +108,6 @@ class PolicyLoss(Protocol):
     def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]: ...
 
 
-@dataclass(frozen=True)
-class DISLoss:
-    """SAO's DIS: zero gradient outside ``(1 - eps_low, 1 + eps_high)``, both sides (METHOD.md 1.8)."""
-
-    eps_low: float = 0.3
-    eps_high: float = 5.0
-
-    def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
-        return dis_policy_loss(logp, mb.rollout_logprobs, mb.advantages, mb.action_mask, eps_low=self.eps_low,
-                               eps_high=self.eps_high, agg=agg, normalizer=normalizer)
-
-
 @dataclass
 class _PartialStep:
     """A policy step accumulated part by part: per-token-weighted metric sums, the summed loss, and
@@ -139,8 +128,8 @@ def _pad_to(x: Tensor, width: int) -> Tensor:
 class Learner:
     """Holds the policy (a Hugging Face causal LM), the optional value model and their optimizers.
 
-    Building blocks: :meth:`policy_step` (DIS), :meth:`value_step` (critic), :meth:`predict_values`,
-    :meth:`sao_advantages`, :meth:`with_critic_targets`; :meth:`sao_step` chains them for SAO.
+    Building blocks: :meth:`policy_step` (any :class:`PolicyLoss`, also taken part by part),
+    :meth:`value_step` (critic), :meth:`predict_values`; :mod:`sao.rl.algos` chains them.
     Optimizers default to AdamW (the value one with a linear warm-up); pass your own to override.
     Models are used in whatever train/eval mode the caller left them.
     """
@@ -205,41 +194,15 @@ class Learner:
             last.append(v_last.float())
         return torch.cat(values), torch.cat(last)
 
-    def sao_advantages(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None, *,
-                       lam: float | None = None) -> Tensor:
-        """SAO's policy advantages [B, T] (METHOD.md 1.6-1.7): GAE over action tokens with reward R at the
-        last action token, per-row ``lambda = 1 - 1 / (alpha * l)``, and V(after the last token) as the
-        bootstrap of truncated rows only (terminated rows bootstrap 0). ``values``: a
-        :meth:`predict_values` result to reuse; computed when None. ``lam``: a fixed lambda instead of
-        the length-adaptive one (the PPO/VAPO-style ablation)."""
-        batch = batch.to(self.device)
-        v, last = values if values is not None else self.predict_values(batch)
-        if lam is None:
-            lam = adaptive_lambda(batch.action_mask.sum(-1), self.config.alpha)
-        bootstrap = torch.where(batch.truncated, last, 0.0)
-        adv, _ = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
-                                   gamma=self.config.gamma, lam=lam, bootstrap=bootstrap)
-        return adv
-
-    def with_critic_targets(self, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Batch:
-        """``batch`` with ``returns`` (lambda_critic = 1: the discounted reward-to-go, plus V(after the last
-        token) for truncated rows) and ``old_values`` (the current predictions, the clipping anchor)."""
-        batch = batch.to(self.device)
-        v, last = values if values is not None else self.predict_values(batch)
-        bootstrap = torch.where(batch.truncated, last, 0.0)
-        _, returns = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
-                                       gamma=self.config.gamma, lam=1.0, bootstrap=bootstrap)
-        return replace(batch, returns=returns, old_values=v)
-
     def value_step(self, batch: Batch) -> dict[str, float]:
         """One critic optimizer step on ``batch`` (clipped value loss at action tokens, METHOD.md 1.9).
 
-        Uses ``batch.returns`` / ``batch.old_values`` when set (so K TTUR steps share one target and one
-        clipping anchor), else computes them first with :meth:`with_critic_targets`."""
+        Fits ``batch.returns`` with ``batch.old_values`` as the clipping anchor; the algorithm sets both
+        (e.g. :meth:`sao.rl.algos.SAO.with_critic_targets`, so K TTUR steps share one target and anchor)."""
         vm, cfg = self._value(), self.config
         batch = batch.to(self.device)
         if batch.returns is None or batch.old_values is None:
-            batch = self.with_critic_targets(batch)
+            raise ValueError("value_step needs batch.returns and batch.old_values (the algorithm's critic targets)")
         norm = self._normalizer(batch.action_mask)
         self.value_optimizer.zero_grad(set_to_none=True)
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
@@ -264,9 +227,9 @@ class Learner:
 
     # ---- policy ----------------------------------------------------------------------------------
 
-    def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> dict[str, float]:
-        """One policy optimizer step; ``loss_fn`` None: the DIS loss (METHOD.md 1.8) against
-        ``batch.rollout_logprobs`` with the config's band. Any :class:`PolicyLoss` plugs in here.
+    def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss) -> dict[str, float]:
+        """One policy optimizer step with ``loss_fn`` (any :class:`PolicyLoss`, e.g.
+        :class:`sao.rl.algos.DISLoss` against ``batch.rollout_logprobs``).
 
         advantages: [B, T], token-aligned. Gradients are accumulated exactly over micro-batches of
         ``config.token_budget`` tokens. Metrics: ``loss/policy``, ``dis/*``, ``grad_norm/policy``,
@@ -290,7 +253,7 @@ class Learner:
         self.policy_optimizer.zero_grad(set_to_none=True)
         self._stream = _PartialStep()
 
-    def accumulate_policy(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss | None = None) -> None:
+    def accumulate_policy(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss) -> None:
         """Backward one part of the step's batch (its gradients add up in the parameters)."""
         st = self._stream
         if st is None:
@@ -316,7 +279,7 @@ class Learner:
         metrics = self._policy_apply(st.sums, st.loss / norm, st.micro_batches, st.action_tokens)
         return {**metrics, "policy/parts": float(st.parts)}
 
-    def _policy_backward(self, batch: Batch, loss_fn: PolicyLoss | None, norm: float,
+    def _policy_backward(self, batch: Batch, loss_fn: PolicyLoss, norm: float,
                          sums: defaultdict[str, float]) -> tuple[float, int]:
         """Forward and backward every micro-batch of ``batch`` with the loss divided by ``norm``;
         per-token-weighted metrics added to ``sums``. Returns (summed loss, micro-batches)."""
@@ -324,7 +287,7 @@ class Learner:
         loss_total, n_mb = 0.0, 0
         for mb in micro_batches(batch, cfg.token_budget):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
-            loss, m = (loss_fn or DISLoss(cfg.eps_low, cfg.eps_high))(logp, mb, agg=cfg.agg, normalizer=norm)
+            loss, m = loss_fn(logp, mb, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()
             n_mb += 1
@@ -345,38 +308,6 @@ class Learner:
         return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total,
                 "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
                 "policy/action_tokens": tokens}
-
-    # ---- SAO, chained ----------------------------------------------------------------------------
-
-    def sao_step(self, batch: Batch, *, lam: float | None = None, loss_fn: PolicyLoss | None = None
-                 ) -> dict[str, float]:
-        """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
-        moves (so the critic never sees the outcome it is baselining), then ``ttur_k`` value steps
-        and one policy step (METHOD.md 1.4). ``lam`` / ``loss_fn`` swap in a fixed lambda and another
-        policy loss (PPO with a critic). Returns the last value step's and the policy step's metrics."""
-        batch = batch.to(self.device)
-        values = self.predict_values(batch)
-        advantages = self.sao_advantages(batch, values, lam=lam)
-        batch = self.with_critic_targets(batch, values)
-        metrics = self.critic_steps(batch)
-        metrics |= self.policy_step(batch, advantages, loss_fn)
-        act = batch.action_mask.bool()
-        metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
-        return metrics
-
-    def critic_steps(self, batch: Batch) -> dict[str, float]:
-        """``ttur_k`` value steps on one batch with one target and one clipping anchor (computed here
-        when ``batch.returns`` is unset), plus the explained variance of the values BEFORE them:
-        ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens. Also the critic-only
-        pretraining step (METHOD.md 1.3)."""
-        batch = batch.to(self.device)
-        if batch.returns is None or batch.old_values is None:
-            batch = self.with_critic_targets(batch)
-        act = batch.action_mask.bool()
-        metrics: dict[str, float] = {"value/explained_var": explained_variance(batch.old_values[act], batch.returns[act])}
-        for _ in range(self.config.ttur_k):
-            metrics |= self.value_step(batch)
-        return metrics
 
 
 def explained_variance(predicted: Tensor, target: Tensor) -> float:

@@ -198,7 +198,7 @@ class Trainer:
             collect = getattr(self.source, "warmup_batch", self.source.next_batch)
             rollout = await collect(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, self.state.pretrain_steps + 1)
-            metrics = await asyncio.to_thread(self.learner.critic_steps, batch)
+            metrics = await asyncio.to_thread(self.algo.pretrain_critic, self.learner, batch)  # a CriticAlgorithm
             n = self.state.pretrain_steps + 1
             self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
                                     self.algo.state_dict())

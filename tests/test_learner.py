@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sao.agents.records import Trajectory
+from sao.rl.algos import SAO, DISLoss, SAOConfig
 from sao.rl.batch import collate, micro_batches
 from sao.rl.learner import Learner, LearnerConfig, token_logprobs
 from sao.rl.value import ValueModel
@@ -136,7 +137,7 @@ def test_policy_update_does_not_depend_on_token_budget(opt):
         optimizer = (torch.optim.SGD(policy.parameters(), lr=0.5) if opt == "sgd"
                      else torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.01))
         learner = Learner(policy, LearnerConfig(token_budget=budget, grad_clip=1.0), policy_optimizer=optimizer)
-        metrics = learner.policy_step(b, adv)
+        metrics = learner.policy_step(b, adv, DISLoss())
         results.append((dict(policy.named_parameters()), metrics))
     (ref, m_ref), *others = results
     assert others[0][1]["policy/micro_batches"] == 4 and m_ref["policy/micro_batches"] == 1
@@ -164,7 +165,7 @@ def test_a_step_taken_in_parts_equals_the_whole_batch_step(agg):
     cfg = LearnerConfig(agg=agg, agg_normalizer=16, grad_clip=1.0)
     ref_policy = copy.deepcopy(base)
     ref = Learner(ref_policy, cfg, policy_optimizer=torch.optim.SGD(ref_policy.parameters(), lr=0.5))
-    m_ref = ref.policy_step(whole, adv)
+    m_ref = ref.policy_step(whole, adv, DISLoss())
     policy = copy.deepcopy(base)
     learner = Learner(policy, cfg, policy_optimizer=torch.optim.SGD(policy.parameters(), lr=0.5))
     learner.begin_policy_step()
@@ -172,7 +173,7 @@ def test_a_step_taken_in_parts_equals_the_whole_batch_step(agg):
         part = collate([trajs[i] for i in rows], pad_id=0)
         width = part.input_ids.shape[1]
         part = replace(part, rollout_logprobs=whole.rollout_logprobs[rows, :width])
-        learner.accumulate_policy(part, adv[rows, :width])
+        learner.accumulate_policy(part, adv[rows, :width], DISLoss())
     m = learner.finish_policy_step()
     for (name, p), q in zip(policy.named_parameters(), ref_policy.parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=0), name
@@ -216,7 +217,7 @@ def test_frozen_attention_params_stay_fixed_and_the_rest_trains():
     before = {n: p.detach().clone() for n, p in value.named_parameters()}
     learner = Learner(policy, LearnerConfig(value_lr=1e-2, value_warmup_steps=0), value_model=value)
     b = collate(random_trajs([9, 6]), pad_id=0)
-    metrics = learner.value_step(b)
+    metrics = learner.value_step(SAO().with_critic_targets(learner, b))
     assert math.isfinite(metrics["loss/value"])
     after = dict(value.named_parameters())
     for name in before:
@@ -232,7 +233,7 @@ def test_value_lr_warms_up_linearly():
     policy = tiny_llama()
     learner = Learner(policy, LearnerConfig(lr=1e-6, value_warmup_steps=10), value_model=ValueModel.from_policy(policy))
     b = collate(random_trajs([4]), pad_id=0)
-    lrs = [learner.value_step(b)["lr/value"] for _ in range(12)]
+    lrs = [learner.value_step(SAO().with_critic_targets(learner, b))["lr/value"] for _ in range(12)]
     expected = [5e-6 * (i + 1) / 10 for i in range(10)] + [5e-6, 5e-6]
     assert lrs == pytest.approx(expected, rel=1e-9)
 
@@ -244,12 +245,12 @@ def test_critic_targets_are_monte_carlo_returns_with_bootstrap_on_truncation():
     b = collate([traj([1, 2, 3, 4, 5], [0, 1, 1, 0, 1], reward=1.0),
                  traj([6, 7, 8], [0, 1, 1], reward=0.5, truncated=True)], pad_id=0)
     values, last = learner.predict_values(b)
-    t = learner.with_critic_targets(b, (values, last))
+    t = SAO().with_critic_targets(learner, b, (values, last))
     # gamma = 1, lambda = 1: return = R (+ V(after last token) when truncated) at every action token
     assert torch.allclose(t.returns[0], torch.tensor([0.0, 1, 1, 0, 1]))
     assert torch.allclose(t.returns[1, 1:3], 0.5 + last[1].expand(2)) and t.returns[1, 0] == 0
     assert torch.equal(t.old_values, values)
-    adv = learner.sao_advantages(b, (values, last))
+    adv = SAO().advantages(learner, b, (values, last))
     assert adv[0, -1].item() == pytest.approx(1.0 - values[0, 4].item(), abs=1e-6)  # last action: delta = R - V
     assert (adv[b.action_mask == 0] == 0).all()
 
@@ -268,7 +269,7 @@ def test_one_sao_step_runs_and_updates_the_policy():
     policy = tiny_llama()
     before = [p.detach().clone() for p in policy.parameters()]
     learner = Learner(policy, LearnerConfig(lr=1e-3), value_model=ValueModel.from_policy(policy))
-    metrics = learner.sao_step(on_policy(two_trajectory_batch(), policy))
+    metrics = SAO().update(learner, on_policy(two_trajectory_batch(), policy))
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["policy/action_tokens"] == 7 and metrics["rollout/logprob_gap"] > 0
     assert 0.0 <= metrics["dis/mask_frac"] < 1.0
@@ -283,7 +284,7 @@ def test_observation_positions_contribute_no_gradient():
 
     def update(b, a):
         policy = copy.deepcopy(base)
-        Learner(policy, policy_optimizer=torch.optim.SGD(policy.parameters(), lr=1.0)).policy_step(b, a)
+        Learner(policy, policy_optimizer=torch.optim.SGD(policy.parameters(), lr=1.0)).policy_step(b, a, DISLoss())
         return torch.cat([p.detach().flatten() for p in policy.parameters()])
 
     ref = update(batch, adv)
@@ -313,10 +314,10 @@ def test_smollm2_step_has_zero_gap_against_its_own_logprobs():
     b = on_policy(b, policy, noise=0.0)  # what an engine running the same weights would report
     value = ValueModel.from_policy(policy)
     # SGD keeps this cheap on a CPU (no AdamW state for 2 x 135M parameters); the step is the same code path
-    learner = Learner(policy, LearnerConfig(token_budget=24, ttur_k=1), value_model=value,
+    learner = Learner(policy, LearnerConfig(token_budget=24), value_model=value,
                       policy_optimizer=torch.optim.SGD(policy.parameters(), lr=1e-6),
                       value_optimizer=torch.optim.SGD(value.parameters(), lr=5e-6))
-    metrics = learner.sao_step(b)
+    metrics = SAO(SAOConfig(ttur_k=1)).update(learner, b)
     assert math.isfinite(metrics["loss/policy"]) and math.isfinite(metrics["loss/value"])
     assert metrics["rollout/logprob_gap"] < 1e-4 and metrics["dis/mask_frac"] == 0.0
 
@@ -325,7 +326,7 @@ def test_sao_step_under_bf16_autocast_with_micro_batches():
     policy = tiny_llama()
     learner = Learner(policy, LearnerConfig(lr=1e-3, bf16=True, token_budget=9, logprob_chunk=4),
                       value_model=ValueModel.from_policy(policy))
-    metrics = learner.sao_step(on_policy(two_trajectory_batch(), policy))
+    metrics = SAO().update(learner, on_policy(two_trajectory_batch(), policy))
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics["policy/micro_batches"] == 2 and metrics["rollout/logprob_gap"] < 0.5
 

@@ -158,9 +158,9 @@ def test_bad_configs_fail_with_a_message() -> None:
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         make_algorithm(AlgoConfig(name="grpp"))
     with pytest.raises(ConfigError, match="group_size >= 2"):
-        GRPO(AlgoConfig(name="grpo", group_size=1, loss="ppo"))
+        GRPO.from_config(AlgoConfig(name="grpo", group_size=1, loss="ppo"))
     with pytest.raises(ConfigError, match="group_size=1"):
-        ReinforceMean(AlgoConfig(name="reinforce_mean", group_size=4))
+        ReinforceMean.from_config(AlgoConfig(name="reinforce_mean", group_size=4))
     with pytest.raises(ConfigError, match="multiple of algo.group_size"):
         validate(TrainConfig(batch_size=6, algo=AlgoConfig(name="grpo", group_size=4)))
     with pytest.raises(ConfigError, match="did you mean 'async'"):
@@ -210,10 +210,10 @@ def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
 
 
 def test_reinforce_mean_baseline_round_trips_through_state() -> None:
-    algo = ReinforceMean(AlgoConfig(name="reinforce_mean", baseline_window=8))
+    algo = ReinforceMean.from_config(AlgoConfig(name="reinforce_mean", baseline_window=8))
     for r in (1.0, 0.0, 1.0):
         algo.baseline.update(r)
-    copy = ReinforceMean(AlgoConfig(name="reinforce_mean"))
+    copy = ReinforceMean.from_config(AlgoConfig(name="reinforce_mean"))
     copy.load_state_dict(json.loads(json.dumps(algo.state_dict())))  # through JSON, as the checkpoint stores it
     assert copy.baseline.baseline() == pytest.approx(2 / 3)
 

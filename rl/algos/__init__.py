@@ -1,0 +1,50 @@
+"""The algorithms: one small module per ``algo=...`` name, all on the same data path.
+
+Each algorithm turns a :class:`~sao.rl.batch.Batch` of finished trajectories into one policy update
+(plus its critic's, if it has one) through the :class:`~sao.rl.learner.Learner`'s building blocks.
+They differ in exactly two places, which is what the ablations of METHOD.md 1 compare:
+
+=================  ==========  ==================================================  =========
+``algo``           samples     advantage                                           loss
+=================  ==========  ==================================================  =========
+``sao``            1/prompt    GAE over action tokens, length-adaptive lambda, V   DIS
+``ppo``            1/prompt    GAE over action tokens, fixed lambda, V (VAPO-like)  PPO clip
+``grpo``           G/prompt    (R - mean_group) / std_group (Dr.GRPO: no std)      PPO clip
+``grpo_dis``       G/prompt    the same group advantage                            DIS
+``reinforce_mean`` 1/prompt    R - running mean of the last 8 rewards              DIS
+=================  ==========  ==================================================  =========
+
+Each class has its own small typed config (:class:`SAOConfig`, :class:`PPOConfig`,
+:class:`GRPOConfig`, :class:`ReinforceMeanConfig`), built from the Hydra-level
+:class:`~sao.rl.config.AlgoConfig` by ``from_algo`` (which also checks it); ``Class.from_config``
+builds the algorithm from an ``AlgoConfig`` and :func:`make_algorithm` picks the class by name.
+The policy losses (:class:`DISLoss`, :class:`PPOClipLoss`, :func:`make_loss`) are in ``losses``.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from sao.rl.algos.base import Algorithm, CriticAlgorithm, token_advantages
+from sao.rl.algos.grpo import GRPO, GRPOConfig
+from sao.rl.algos.losses import DISLoss, PPOClipLoss, make_loss
+from sao.rl.algos.ppo import PPO, PPOConfig
+from sao.rl.algos.reinforce_mean import ReinforceMean, ReinforceMeanConfig
+from sao.rl.algos.sao import SAO, SAOConfig
+from sao.rl.config import AlgoConfig, ConfigError
+
+__all__ = ["ALGORITHMS", "Algorithm", "CriticAlgorithm", "DISLoss", "GRPO", "GRPOConfig", "PPO", "PPOClipLoss",
+           "PPOConfig", "ReinforceMean", "ReinforceMeanConfig", "SAO", "SAOConfig", "make_algorithm", "make_loss",
+           "token_advantages"]
+
+ALGORITHMS: dict[str, type] = {"sao": SAO, "ppo": PPO, "grpo": GRPO, "grpo_dis": GRPO, "reinforce_mean": ReinforceMean}
+
+
+def make_algorithm(cfg: AlgoConfig) -> Algorithm:
+    """The algorithm named ``cfg.name``; an unknown name suggests the closest known one."""
+    cls = ALGORITHMS.get(cfg.name)
+    if cls is None:
+        close = difflib.get_close_matches(cfg.name, ALGORITHMS, n=1)
+        raise ConfigError(f"unknown algo {cfg.name!r} (known: {', '.join(ALGORITHMS)})"
+                          + (f"; did you mean {close[0]!r}?" if close else ""))
+    return cls.from_config(cfg)

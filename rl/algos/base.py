@@ -1,0 +1,48 @@
+"""What every algorithm shares: the :class:`Algorithm` seam the trainer calls, the seam of the
+algorithms with a critic, and the broadcast of a per-trajectory advantage to its action tokens."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from torch import Tensor
+
+from sao.rl.batch import Batch
+from sao.rl.learner import Learner
+
+
+class Algorithm(Protocol):
+    """What the trainer needs from an algorithm."""
+
+    uses_critic: ClassVar[bool]
+
+    def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        """One policy step (and the critic's steps) on ``batch``; returns metrics."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CriticAlgorithm(Algorithm, Protocol):
+    """An algorithm with a value model (``uses_critic`` True): it also trains the critic alone."""
+
+    def pretrain_critic(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        """Critic-only steps on ``batch`` before the first policy step (METHOD.md 1.3); returns metrics."""
+        ...
+
+
+def token_advantages(batch: Batch, per_row: Tensor) -> Tensor:
+    """A per-trajectory advantage [B] broadcast to its action tokens [B, T] (0 elsewhere)."""
+    return per_row.to(batch.action_mask.device)[:, None] * batch.action_mask.float()
+
+
+class Stateless:
+    """The checkpoint state of an algorithm that keeps none between steps."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,113 @@
+"""SAO (METHOD.md 1): one rollout per prompt, a value model trained with TTUR, GAE over action tokens
+with the length-adaptive lambda, and the DIS loss against the engine's log-probs.
+
+The pieces (:meth:`SAO.advantages`, :meth:`SAO.with_critic_targets`, :meth:`SAO.critic_steps`) are
+built on the :class:`~sao.rl.learner.Learner`'s generic blocks (``predict_values``, ``value_step``,
+``policy_step``); :class:`~sao.rl.algos.ppo.PPO` reuses them with a fixed lambda.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from sao.rl.advantages import adaptive_lambda, gae_action_tokens, token_rewards
+from sao.rl.algos.base import Stateless
+from sao.rl.algos.losses import DISLoss, make_loss
+from sao.rl.batch import Batch
+from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.learner import Learner, PolicyLoss, explained_variance
+
+
+@dataclass(frozen=True)
+class SAOConfig:
+    """SAO's knobs; defaults are the paper's math setting (METHOD.md 1)."""
+
+    loss: PolicyLoss = field(default_factory=DISLoss)
+    lam: float | None = None  # None: lambda_policy = 1 - 1 / (alpha * action_tokens); a float: fixed
+    alpha: float = 1.5
+    gamma: float = 1.0
+    ttur_k: int = 2  # value steps per policy step (two-timescale update)
+
+    def __post_init__(self) -> None:
+        if self.ttur_k < 1:
+            raise ConfigError(f"algo.ttur_k must be >= 1, got {self.ttur_k}")
+
+    @classmethod
+    def from_algo(cls, cfg: AlgoConfig) -> SAOConfig:
+        return cls(loss=make_loss(cfg), lam=cfg.lam, alpha=cfg.alpha, gamma=cfg.gamma, ttur_k=cfg.ttur_k)
+
+
+class SAO(Stateless):
+    """Single rollout + value model + adaptive-lambda GAE over action tokens + DIS (METHOD.md 1)."""
+
+    uses_critic = True
+
+    def __init__(self, cfg: SAOConfig | None = None):
+        self.config = cfg or SAOConfig()
+
+    @classmethod
+    def from_config(cls, cfg: AlgoConfig) -> SAO:
+        return cls(SAOConfig.from_algo(cfg))
+
+    def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
+        moves (so the critic never sees the outcome it is baselining), then ``ttur_k`` value steps
+        and one policy step (METHOD.md 1.4). Returns the last value step's and the policy step's metrics."""
+        batch = batch.to(learner.device)
+        values = learner.predict_values(batch)
+        advantages = self.advantages(learner, batch, values)
+        batch = self.with_critic_targets(learner, batch, values)
+        metrics = self.critic_steps(learner, batch)
+        metrics |= learner.policy_step(batch, advantages, self.config.loss)
+        act = batch.action_mask.bool()
+        metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
+        return metrics
+
+    def pretrain_critic(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        """The critic-only pretraining step (METHOD.md 1.3): :meth:`critic_steps`, no policy step."""
+        return self.critic_steps(learner, batch)
+
+    def advantages(self, learner: Learner, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """SAO's policy advantages [B, T] (METHOD.md 1.6-1.7): GAE over action tokens with reward R at the
+        last action token, per-row ``lambda = 1 - 1 / (alpha * l)`` (or the config's fixed lambda, the
+        PPO/VAPO-style ablation), and V(after the last token) as the bootstrap of truncated rows only
+        (terminated rows bootstrap 0). ``values``: a :meth:`Learner.predict_values` result to reuse;
+        computed when None."""
+        cfg = self.config
+        batch = batch.to(learner.device)
+        v, last = values if values is not None else learner.predict_values(batch)
+        lam = cfg.lam
+        if lam is None:
+            lam = adaptive_lambda(batch.action_mask.sum(-1), cfg.alpha)
+        bootstrap = torch.where(batch.truncated, last, 0.0)
+        adv, _ = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
+                                   gamma=cfg.gamma, lam=lam, bootstrap=bootstrap)
+        return adv
+
+    def with_critic_targets(self, learner: Learner, batch: Batch,
+                            values: tuple[Tensor, Tensor] | None = None) -> Batch:
+        """``batch`` with ``returns`` (lambda_critic = 1: the discounted reward-to-go, plus V(after the last
+        token) for truncated rows) and ``old_values`` (the current predictions, the clipping anchor)."""
+        batch = batch.to(learner.device)
+        v, last = values if values is not None else learner.predict_values(batch)
+        bootstrap = torch.where(batch.truncated, last, 0.0)
+        _, returns = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
+                                       gamma=self.config.gamma, lam=1.0, bootstrap=bootstrap)
+        return replace(batch, returns=returns, old_values=v)
+
+    def critic_steps(self, learner: Learner, batch: Batch) -> dict[str, float]:
+        """``ttur_k`` value steps on one batch with one target and one clipping anchor (computed here
+        when ``batch.returns`` is unset), plus the explained variance of the values BEFORE them:
+        ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens."""
+        batch = batch.to(learner.device)
+        if batch.returns is None or batch.old_values is None:
+            batch = self.with_critic_targets(learner, batch)
+        act = batch.action_mask.bool()
+        metrics: dict[str, float] = {"value/explained_var": explained_variance(batch.old_values[act], batch.returns[act])}
+        for _ in range(self.config.ttur_k):
+            metrics |= learner.value_step(batch)
+        return metrics
+
