@@ -37,7 +37,8 @@ class Batch:
     rewards:          [B] float, the trajectory's reward (placed at its last action token by the learner).
     truncated:        [B] bool, the episode was cut by a limit (the learner bootstraps these rows).
     advantages, returns, old_values: optional [B, T] float, filled by the learner (``dataclasses.replace``).
-    group_ids:        optional [B] long, rows with the same id share a prompt (GRPO groups).
+    group_ids:        optional [B] long, rows with the same id are samples of one draw of a prompt
+                      (GRPO groups).
     """
 
     input_ids: Tensor
@@ -82,9 +83,13 @@ class Batch:
 def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """Stack trajectories into a right-padded :class:`Batch` (CPU tensors, order kept).
 
-    ``group_ids`` numbers the distinct ``(env, task_id)`` pairs in order of first appearance, so
-    samples of the same task share an id. Raises ValueError on an empty list or on a trajectory whose
-    first token is marked as an action (a token without a prefix has no log-prob to train).
+    ``group_ids`` numbers the distinct draws of a prompt in order of first appearance, so the samples
+    of one draw share an id: a draw is ``(env, task_id, info["prompt_index"])``, the prompt's position
+    in the run's task stream, which every rollout source stamps (a finite dataset re-permuted per
+    epoch can draw the same task twice in one batch: two groups, not one). Trajectories without a
+    ``prompt_index`` (built by hand) group by ``(env, task_id)``. Raises ValueError on an empty list
+    or on a trajectory whose first token is marked as an action (a token without a prefix has no
+    log-prob to train).
     """
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
@@ -93,7 +98,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     attention_mask = torch.zeros((b, t), dtype=torch.long)
     action_mask = torch.zeros((b, t), dtype=torch.long)
     logprobs = torch.zeros((b, t), dtype=torch.float32)
-    groups: dict[tuple[str, str], int] = {}
+    groups: dict[tuple[str, str, int | None], int] = {}
     for i, tr in enumerate(trajectories):
         n = len(tr.token_ids)
         if n and tr.action_mask[0]:
@@ -103,7 +108,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         attention_mask[i, :n] = 1
         action_mask[i, :n] = torch.tensor(tr.action_mask, dtype=torch.long)
         logprobs[i, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
-        groups.setdefault((tr.env, tr.task_id), len(groups))
+        groups.setdefault(_draw(tr), len(groups))
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -111,8 +116,13 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         rollout_logprobs=logprobs * action_mask,
         rewards=torch.tensor([tr.reward for tr in trajectories], dtype=torch.float32),
         truncated=torch.tensor([tr.truncated for tr in trajectories], dtype=torch.bool),
-        group_ids=torch.tensor([groups[(tr.env, tr.task_id)] for tr in trajectories], dtype=torch.long),
+        group_ids=torch.tensor([groups[_draw(tr)] for tr in trajectories], dtype=torch.long),
     )
+
+
+def _draw(tr: Trajectory) -> tuple[str, str, int | None]:
+    """What identifies one draw of a prompt: its task and its index in the run's task stream."""
+    return tr.env, tr.task_id, tr.info.get("prompt_index")
 
 
 def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:
