@@ -2,7 +2,9 @@
 
 One folder per saved step, ``step_000005/``:
 
-* ``policy.safetensors`` / ``value.safetensors``: full-precision weights (tied tensors once);
+* ``policy.safetensors`` / ``value.safetensors``: full-precision weights (tied tensors once); for
+  a LoRA run (``model.lora``) the wrapped models as they are, base weights and adapters (peft's
+  names), so a resumed run continues with the same adapters;
 * ``optim.pt``: the optimizers' and the value scheduler's state;
 * ``rng.pt``: Python, NumPy and torch (CPU and CUDA) generator states;
 * ``state.json``: the step, the weight version, the critic pretraining progress, the rollout
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from sao.rl.learner import Learner
@@ -116,7 +119,8 @@ class Checkpointer:
     def load(folder: Path, learner: Learner) -> TrainState:
         """Restore ``learner`` (weights, optimizers) and the RNGs from ``folder``; return the rest."""
         folder = Path(folder)
-        missing, unexpected = load_model(learner.policy, str(folder / "policy.safetensors"), strict=True)
+        _check_adapters(folder / "policy.safetensors", learner.policy, "policy")
+        load_model(learner.policy, str(folder / "policy.safetensors"), strict=True)
         optim = torch.load(folder / "optim.pt", weights_only=False)
         learner.policy_optimizer.load_state_dict(optim["policy"])
         has_value = (folder / "value.safetensors").is_file()
@@ -124,6 +128,7 @@ class Checkpointer:
             raise ValueError(f"{folder}: the checkpoint {'has' if has_value else 'has no'} value model, "
                              f"the run {'has' if learner.value_model is not None else 'has none'}; same algo?")
         if learner.value_model is not None:
+            _check_adapters(folder / "value.safetensors", learner.value_model, "value model")
             load_model(learner.value_model, str(folder / "value.safetensors"), strict=True)
             learner.value_optimizer.load_state_dict(optim["value"])
             learner.value_scheduler.load_state_dict(optim["value_scheduler"])
@@ -131,3 +136,18 @@ class Checkpointer:
         data = json.loads((folder / "state.json").read_text())
         return TrainState(int(data["step"]), int(data["version"]), int(data["pretrain_steps"]), data["source"],
                           data["algo"])
+
+
+def _lora_tensors(names: Any) -> int:
+    return sum(1 for n in names if ".lora_A." in n or ".lora_embedding_A." in n)
+
+
+def _check_adapters(path: Path, model: torch.nn.Module, what: str) -> None:
+    """A clear error when the checkpoint's LoRA adapters do not match the model's (a changed
+    ``model.lora``), instead of load_model's list of missing keys."""
+    with safe_open(str(path), framework="pt") as f:
+        saved = _lora_tensors(f.keys())
+    have = _lora_tensors(name for name, _ in model.named_parameters())
+    if saved != have:
+        raise ValueError(f"{path}: the checkpoint's {what} has {saved} LoRA adapter(s), this run's has {have}; "
+                         "resume with the same model.lora settings")

@@ -8,6 +8,10 @@ learner's :func:`~sao.rl.learner.token_logprobs` on the same ids. A probe gap fa
 rounding noise means the engine is not serving the policy the learner trains (a wrong checkpoint
 layout, a missed reload, ...), which silently breaks the importance ratios of METHOD.md item 8.
 
+LoRA: a ``peft`` policy is written as the plain model with its adapters merged in
+(:func:`sao.rl.lora.merged_state_dict`, plain Hugging Face names), so the engine reloads one dense
+checkpoint exactly as for full fine-tuning; the trained model is not modified.
+
 Tied embeddings: a model with ``tie_word_embeddings`` (SmolLM2, many small Llama/Qwen models)
 shares one tensor between ``model.embed_tokens.weight`` and ``lm_head.weight``. The checkpoint keeps
 only the first name of every shared tensor (``model.embed_tokens.weight``), as Hugging Face's own
@@ -38,6 +42,7 @@ from torch import nn
 
 from sao.agents.engine import EngineClient, PauseMode
 from sao.rl.learner import token_logprobs
+from sao.rl.lora import engine_view, has_lora, merged_state_dict, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +66,13 @@ def list_versions(root: Path) -> list[tuple[int, Path]]:
 
 
 def _state_dict_to_save(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Parameters and persistent buffers, one name per shared tensor (the first), cast to ``dtype``."""
+    """Parameters and persistent buffers, one name per shared tensor (the first), cast to ``dtype``.
+    A LoRA model gives its merged weights under the plain names (module doc)."""
     tensors: dict[str, torch.Tensor] = {}
     seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    for name, tensor in model.state_dict().items():
+    state = merged_state_dict(model, dtype) if has_lora(model) else model.state_dict()
+    model = unwrap(model)
+    for name, tensor in state.items():
         t = tensor.detach()
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         if key in seen:  # tied: lm_head.weight is model.embed_tokens.weight
@@ -100,7 +108,7 @@ def _intra_op_threads(n: int) -> Iterator[None]:
 
 
 def _write_config(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
-    config = getattr(model, "config", None)
+    config = getattr(unwrap(model), "config", None)
     if config is None or not hasattr(config, "save_pretrained"):
         raise TypeError(f"{type(model).__name__} has no Hugging Face config; pass a *ForCausalLM model")
     config.save_pretrained(folder)
@@ -286,6 +294,8 @@ class WeightSync:
         serves them in: once training has moved the fp32 master weights off the bf16 grid, rounding
         alone moves log-probs by a few hundredths, about the size of a real missed update. The
         parameters are swapped for rounded copies and put back afterwards (one extra copy in memory).
+        A LoRA model computes with its merged weights rounded, as the engine does (adapters zeroed
+        meanwhile: :func:`sao.rl.lora.engine_view`).
         """
         device = next(model.parameters()).device
         ids = torch.tensor([self.probe_ids], dtype=torch.long, device=device)
@@ -293,10 +303,12 @@ class WeightSync:
         with torch.no_grad():
             try:
                 if round_to is not None:
-                    for p in model.parameters():
-                        if p.is_floating_point() and p.dtype != round_to:
-                            originals.append((p, p.data))
-                            p.data = p.data.to(round_to).to(p.dtype)
+                    swaps = engine_view(model, round_to) if has_lora(model) else [
+                        (p, p.data.to(round_to).to(p.dtype)) for p in model.parameters()
+                        if p.is_floating_point() and p.dtype != round_to]
+                    for p, data in swaps:
+                        originals.append((p, p.data))
+                        p.data = data
                 out = token_logprobs(model, ids, torch.ones_like(ids))
             finally:
                 for p, data in originals:

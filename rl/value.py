@@ -21,7 +21,13 @@ _ATTENTION_NAMES = ("self_attn", "attn", "attention", "cross_attn")
 
 
 def backbone_of(causal_lm: nn.Module) -> nn.Module:
-    """The transformer trunk of a Hugging Face causal LM (``model.model`` for Llama), without the LM head."""
+    """The transformer trunk of a Hugging Face causal LM (``model.model`` for Llama), without the LM head.
+
+    A ``peft.PeftModel`` is unwrapped first (``get_base_model()``): its trunk is the base model's,
+    with the LoRA layers in place, so it computes the adapted policy."""
+    get_base = getattr(causal_lm, "get_base_model", None)
+    if callable(get_base):
+        causal_lm = get_base()
     prefix = getattr(causal_lm, "base_model_prefix", "model")
     trunk = getattr(causal_lm, prefix, None)
     if not isinstance(trunk, nn.Module) or trunk is causal_lm:
@@ -29,10 +35,15 @@ def backbone_of(causal_lm: nn.Module) -> nn.Module:
     return trunk
 
 
+def attention_module_names(module: nn.Module) -> list[str]:
+    """Names (as in ``module.named_modules()``) of the token-mixing submodules, by the module-doc rule."""
+    return [name for name, sub in module.named_modules()
+            if name and ("Attention" in type(sub).__name__ or name.rsplit(".", 1)[-1] in _ATTENTION_NAMES)]
+
+
 def attention_param_names(module: nn.Module) -> list[str]:
     """Names (as in ``module.named_parameters()``) of the token-mixing parameters, by the module-doc rule."""
-    prefixes = [name for name, sub in module.named_modules()
-                if name and ("Attention" in type(sub).__name__ or name.rsplit(".", 1)[-1] in _ATTENTION_NAMES)]
+    prefixes = attention_module_names(module)
     return [name for name, _ in module.named_parameters()
             if any(name.startswith(p + ".") for p in prefixes)]
 
@@ -55,8 +66,15 @@ class ValueModel(nn.Module):
     @classmethod
     def from_policy(cls, policy: nn.Module) -> ValueModel:
         """A value model whose backbone is a deep copy of ``policy``'s (no shared tensors); head fresh.
-        It lands on the policy's device and dtype; the head stays float32."""
+        It lands on the policy's device and dtype; the head stays float32. A LoRA policy's trunk is
+        copied with its adapters merged in (a plain trunk, every parameter trainable); give the critic
+        adapters of its own with :func:`sao.rl.lora.wrap_value`."""
+        from sao.rl.lora import has_lora, merge_in_place  # here: sao.rl.lora imports this module
+
         trunk = copy.deepcopy(backbone_of(policy))
+        if has_lora(trunk):
+            merge_in_place(trunk)
+            trunk.requires_grad_(True)
         value = cls(trunk, policy.config.hidden_size)
         value.head.to(next(trunk.parameters()).device)
         return value
