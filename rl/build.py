@@ -24,7 +24,7 @@ from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
-from sao.rl.config import TrainConfig, engine_urls, scheduler_config, validate
+from sao.rl.config import ConfigError, TrainConfig, engine_urls, scheduler_config, validate
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
@@ -113,7 +113,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)).to(device)
     policy.eval()  # no dropout: the learner's log-probs must match the engine's
-    value = ValueModel.from_policy(policy).to(device) if algo.uses_critic else None
+    policy, value = _wrap_lora(cfg, policy, ValueModel.from_policy(policy).to(device) if algo.uses_critic else None)
     learner = Learner(policy, learner_config(cfg), value_model=value)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     renderers: dict[str, ChatRenderer] = {}
@@ -153,6 +153,26 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks)
             return await trainer.run()
+
+
+def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple[Any, ValueModel | None]:
+    """``model.lora``: adapters on the policy, and on the critic's MLP when ``model.lora.critic``."""
+    lora = cfg.model.lora
+    if not lora.rank:
+        return policy, value
+    from sao.rl import lora as lora_lib
+
+    try:
+        policy = lora_lib.wrap_policy(policy, lora)
+        if value is not None and lora.critic:
+            lora_lib.wrap_value(value, lora)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    for name, model in (("policy", policy), ("value model", value)):
+        if model is not None:
+            trainable, total = lora_lib.trainable_summary(model)
+            log.info("LoRA rank %d: %s trains %d of %d parameters", lora.rank, name, trainable, total)
+    return policy, value
 
 
 def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], clients: list[Any], controls: list[Any],
