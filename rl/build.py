@@ -25,7 +25,9 @@ from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
 from sao.rl.config import ConfigError, TrainConfig, engine_urls, scheduler_config, validate
+from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
+from sao.rl.memory import LearnerThread, configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
 from sao.rl.sync import WeightPublisher, WeightSync
@@ -100,8 +102,41 @@ def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return dict(cfg.env.kwargs)
 
 
+def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any, run_dir: Path) -> HeldOutEval | None:
+    """The held-out evaluation of ``cfg.eval`` on the env's held-out split; None when it is off or the
+    env has none (``env.heldout_kwargs`` unset: say so, since the run then shows no held-out figure)."""
+    if not cfg.eval.enabled:
+        return None
+    if cfg.env.heldout_kwargs is None:
+        log.warning("env %s has no held-out split (env.heldout_kwargs); no held-out evaluation", env_name)
+        return None
+    if cfg.rollout.mode != "sync":
+        log.warning("rollout=%s: the held-out evaluation runs with rollout=sync only (the replicas may hold "
+                    "different versions); skipped", cfg.rollout.mode)
+        return None
+    e = cfg.eval
+    loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=e.max_tokens or cfg.env.max_tokens,
+                      max_model_len=cfg.engine.max_model_len, temperature=e.temperature, top_p=1.0)
+    return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name,
+                       env_kwargs={**env_kwargs(cfg), **cfg.env.heldout_kwargs}, loop=loop, problems=e.problems,
+                       concurrency=e.concurrency, path=RunFiles(run_dir).eval)
+
+
+def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learner:
+    """The policy (the HF model in ``model.dtype`` on the run's device, in eval mode: no dropout, so the
+    learner's log-probs match the engine's), its value model when the algorithm has a critic, and the
+    :class:`Learner` holding both with their optimizers."""
+    from transformers import AutoModelForCausalLM
+
+    device = _device(cfg.device)
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    policy.eval()
+    policy, value = _wrap_lora(cfg, policy, ValueModel.from_policy(policy).to(device) if uses_critic else None)
+    return Learner(policy, learner_config(cfg), value_model=value)
+
+
 async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
@@ -109,12 +144,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
     tasks = ScheduledTaskStream(env_name, env_kwargs(cfg), cfg.seed, cfg.schedule)
     model_path = await asyncio.to_thread(ensure_model, cfg.model.name)
     torch.manual_seed(cfg.seed)
-    device = _device(cfg.device)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)).to(device)
-    policy.eval()  # no dropout: the learner's log-probs must match the engine's
-    policy, value = _wrap_lora(cfg, policy, ValueModel.from_policy(policy).to(device) if algo.uses_critic else None)
-    learner = Learner(policy, learner_config(cfg), value_model=value)
+    learner = make_learner(cfg, model_path, algo.uses_critic)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     renderers: dict[str, ChatRenderer] = {}
 
@@ -135,7 +166,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
             clients = []
             for root in roots:
                 client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
-                                                retry=RetryPolicy(), max_connections=cfg.rollout.concurrency)
+                                                retry=RetryPolicy(),
+                                                max_connections=max(cfg.rollout.concurrency, cfg.eval.concurrency))
                 stack.push_async_callback(client.aclose)
                 clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
@@ -151,7 +183,9 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                 source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
-                              pad_id=pad_id, sinks=sinks, tasks=tasks)
+                              pad_id=pad_id, sinks=sinks, tasks=tasks,
+                              heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir),
+                              thread=LearnerThread())
             return await trainer.run()
 
 
@@ -213,6 +247,7 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], client
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:
     """Run (or resume) one training run in ``run_dir``; returns the last step's metrics."""
+    configure_allocator()  # before the learner allocates anything (sao.rl.memory)
     run_dir = Path(run_dir)
     if not cfg.resume:
         refuse_to_overwrite(run_dir)  # before anything slow starts

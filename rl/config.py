@@ -46,8 +46,10 @@ class OptimConfig:
     value_warmup_steps: int = 10
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
-    token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
-    bf16: bool = False  # bf16 autocast (GPUs)
+    # padded tokens per micro-batch (exact gradient accumulation); bounds the activations' memory
+    # whatever the batch holds. None: the whole batch at once
+    token_budget: int | None = 1024
+    bf16: bool = False  # bf16 autocast
 
 
 @dataclass
@@ -58,6 +60,9 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
     max_tokens: int = 256  # generated tokens per trajectory, all turns together
+    # merged over kwargs for the held-out evaluation (e.g. {split: test} while kwargs has split: train);
+    # None: the env has no held-out split and sao-train does not evaluate it
+    heldout_kwargs: dict[str, Any] | None = None
 
 
 # The attention and MLP projections of Llama-style models (Llama, Qwen2, Mistral, SmolLM).
@@ -168,6 +173,22 @@ class ScheduleConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation during training (:mod:`sao.rl.heldout`): before the first step, every
+    ``every`` steps (0: only before and after) and after the last. ``problems`` tasks of the
+    training environment built with ``env.heldout_kwargs`` merged over ``env.kwargs`` (an env
+    without ``heldout_kwargs`` has no held-out split, and is not evaluated), one episode each at
+    ``temperature`` (0: greedy), ``max_tokens`` generated tokens at most (null: env.max_tokens)."""
+
+    enabled: bool = True
+    every: int = 10
+    problems: int = 200
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    concurrency: int = 64
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 10  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
@@ -186,6 +207,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # online learning: the task distribution
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out accuracy before, during and after
 
 
 class ConfigError(ValueError):
@@ -249,6 +271,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.env.max_tokens >= cfg.engine.max_model_len:
         raise ConfigError(f"env.max_tokens ({cfg.env.max_tokens}) must be below engine.max_model_len "
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
+    if cfg.eval.enabled and (cfg.eval.every < 0 or cfg.eval.problems < 1 or cfg.eval.concurrency < 1):
+        raise ConfigError("eval.every must be >= 0, eval.problems and eval.concurrency >= 1")
     if cfg.rollout.mode != "sync":
         scheduler_config(cfg)
     validate_lora(cfg.model.lora)

@@ -80,25 +80,36 @@ def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, bf16: bool
 
 
 def token_logprobs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, chunk: int = 1024, bf16: bool = False
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, chunk: int = 1024, bf16: bool = False,
+    only: Tensor | None = None,
 ) -> Tensor:
     """log pi(token_t | tokens_<t) for every token: [B, T] float32, token-aligned.
 
     ``out[:, t]`` comes from the logits at position t - 1; ``out[:, 0] = 0`` (no prefix) and padding is 0.
-    The LM head and the log-softmax run over ``chunk`` positions at a time; with gradients on, each
-    chunk is recomputed in backward (activation checkpointing), so the [B, T, vocab] logits never exist
-    at once. Assumes logits = ``model.get_output_embeddings()(last_hidden_state)`` (true for Llama,
-    Qwen, Mistral, SmolLM; models with logit soft-capping or scaling need their own head function).
+    ``only`` ([B, T] bool, e.g. the action mask): compute just those tokens' log-probs (0 elsewhere).
+    The LM head over the 49k-entry vocabulary is a large share of a small model's compute, and the
+    learner needs it at action tokens only, so their hidden states are gathered first (padding and
+    prompt positions never reach the head). The head and the log-softmax run over ``chunk`` positions
+    at a time; with gradients on, each chunk is recomputed in backward (activation checkpointing),
+    so the [N, vocab] logits never exist at once. Assumes logits =
+    ``model.get_output_embeddings()(last_hidden_state)`` (true for Llama, Qwen, Mistral, SmolLM;
+    models with logit soft-capping or scaling need their own head function).
     """
     with _autocast(input_ids.device, bf16):
         hidden = backbone_of(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     head_fn = partial(_chunk_logprobs, model.get_output_embeddings(), bf16=bf16)
-    hidden, targets = hidden[:, :-1], input_ids[:, 1:]
-    pieces = [torch.zeros_like(input_ids[:, :1], dtype=torch.float32)]
-    for s in range(0, hidden.shape[1], chunk):
-        h, y = hidden[:, s:s + chunk], targets[:, s:s + chunk]
-        pieces.append(checkpoint(head_fn, h, y, use_reentrant=False) if h.requires_grad else head_fn(h, y))
-    return torch.where(attention_mask.bool(), torch.cat(pieces, dim=1), 0.0)
+    want = attention_mask.bool() if only is None else only.bool() & attention_mask.bool()
+    want = torch.cat([torch.zeros_like(want[:, :1]), want[:, 1:]], dim=1)  # token 0 has no prefix
+    # position t - 1 predicts token t: gather the predicting hidden states and the targets, packed
+    h_all, y_all = hidden[:, :-1][want[:, 1:]], input_ids[:, 1:][want[:, 1:]]  # [N, H], [N]
+    pieces = []
+    for s in range(0, h_all.shape[0], chunk):
+        h, y = h_all[None, s:s + chunk], y_all[None, s:s + chunk]
+        pieces.append((checkpoint(head_fn, h, y, use_reentrant=False) if h.requires_grad else head_fn(h, y))[0])
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if pieces:
+        out = out.masked_scatter(want, torch.cat(pieces))
+    return out
 
 
 class PolicyLoss(Protocol):
@@ -220,6 +231,7 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or float("inf"))
         lr = self.value_optimizer.param_groups[0]["lr"]
         self.value_optimizer.step()
+        self.value_optimizer.zero_grad(set_to_none=True)  # the critic's gradients never outlive its step
         self.value_scheduler.step()
         n = max(batch.num_action_tokens, 1)
         return {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
@@ -286,7 +298,8 @@ class Learner:
         cfg = self.config
         loss_total, n_mb = 0.0, 0
         for mb in micro_batches(batch, cfg.token_budget):
-            logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16)
+            logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16,
+                                  only=mb.action_mask)
             loss, m = loss_fn(logp, mb, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()
@@ -304,6 +317,7 @@ class Learner:
         """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip or float("inf"))
         self.policy_optimizer.step()
+        self.policy_optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter, not held while the critic trains
         n = max(tokens, 1)
         return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total,
                 "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,

@@ -390,6 +390,7 @@ class ScheduledTaskStream:
                                 f"env {self.env_name!r} has none. Use schedule=none with this environment")
         self.task_seed = int(env_kwargs.get("seed", 0))
         self.max_digits = int(env_kwargs.get("max_digits", 4))
+        self.split = str(env_kwargs.get("split", "all"))  # train: held-out problems are never drawn
 
     @property
     def cursor(self) -> int:
@@ -418,7 +419,7 @@ class ScheduledTaskStream:
         out = []
         for i in range(self._cursor, self._cursor + n):
             family, digits = draw(self.task_seed, i, dist, self.max_digits)
-            out.append(ScheduledPrompt(i, make_task(family, digits, self.task_seed, i).task_id, family, dist.phase))
+            out.append(ScheduledPrompt(i, make_task(family, digits, self.task_seed, i, self.split).task_id, family, dist.phase))
         self._cursor += n
         return out
 
@@ -440,7 +441,7 @@ class ScheduledTaskStream:
             dist = Distribution((family,), (1.0,), difficulty)
             for j in range(self.cfg.eval_prompts):
                 _, digits = draw(self.task_seed, PROBE_BASE + j, dist, self.max_digits)
-                task_id = make_task(family, digits, self.task_seed, PROBE_BASE + j).task_id
+                task_id = make_task(family, digits, self.task_seed, PROBE_BASE + j, self.split).task_id
                 out.append(ScheduledPrompt(PROBE_BASE + j, task_id, family, -1, probe=True))
         return out
 

@@ -76,6 +76,9 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    from sao.rl.memory import configure_allocator
+
+    configure_allocator()  # glibc's arenas and thresholds, before anything allocates (sao.rl.memory)
     _main()
 
 

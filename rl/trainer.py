@@ -36,7 +36,9 @@ from sao.rl.algos import Algorithm
 from sao.rl.batch import collate
 from sao.rl.checkpoint import Checkpointer, TrainState
 from sao.rl.config import TrainConfig
+from sao.rl.heldout import HeldOutEval, improvement
 from sao.rl.learner import Learner
+from sao.rl.memory import LearnerThread, release, rss_gb
 from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
 from sao.rl.sources import RolloutSource
 
@@ -80,6 +82,10 @@ class RunFiles:
         return self.root / "batches.jsonl"
 
     @property
+    def eval(self) -> Path:
+        return self.root / "eval.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -107,12 +113,16 @@ class Trainer:
         pad_id: int,
         sinks: list[MetricsSink] | None = None,
         tasks: Any = None,
+        heldout: HeldOutEval | None = None,
+        thread: LearnerThread | None = None,
     ):
         self.cfg, self.files = cfg, RunFiles(Path(run_dir))
         self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
         self.pad_id = pad_id
         self.tasks = tasks  # a ScheduledTaskStream the source draws from (online learning), or None
         self.extra_sinks = list(sinks or [])
+        self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
+        self.thread = thread or LearnerThread()  # every torch call of the learner runs on this one thread
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
         self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
@@ -141,6 +151,7 @@ class Trainer:
         rewind_jsonl(files.metrics, step, "step")
         rewind_jsonl(files.trajectories, step, "train_step")
         rewind_jsonl(files.batches, step, "step")
+        rewind_jsonl(files.eval, step, "step")
         rewind_jsonl(files.pretrain, self.state.pretrain_steps if folder is not None else -1, "pretrain_step")
         return self.state
 
@@ -168,9 +179,13 @@ class Trainer:
             self.source.on_weights(state.version)
             log.info("engine serves version %d (sync %.2f s, probe gap %s)", state.version, first.get("perf/sync_s", 0),
                      first.get("sync/probe_gap"))
+            if self.heldout is not None and state.step == 0:
+                sink.log(0, await self._evaluate(0))  # the baseline: before any policy step
             await self._pretrain_critic(pretrain_sink)
             for step in range(state.step + 1, cfg.max_steps + 1):
                 last = await self._step(step)
+                if step == cfg.max_steps:
+                    last |= self._improvement()
                 sink.log(step, last)
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
                     self._save(step)
@@ -183,7 +198,32 @@ class Trainer:
             if self._writer is not None:
                 self._writer.close()
             self._lineage.close()
+            self.thread.close()
         return last
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return self.heldout is not None and (step == self.cfg.max_steps or (every > 0 and step % every == 0))
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        assert self.heldout is not None
+        result = await self.heldout.run(step)
+        acc = result.accuracy
+        log.info("held-out accuracy at step %d: %.3f [%.3f, %.3f] on %d problems (%.1f s)", step, acc.value, acc.low,
+                 acc.high, len(result.correct), result.wall_s)
+        return result.metrics()
+
+    def _improvement(self) -> dict[str, float]:
+        """The paired change of held-out accuracy from the first evaluation to the last (module doc of
+        :mod:`sao.rl.heldout`), logged with the last step and printed."""
+        found = improvement(self.files.eval) if self.heldout is not None else None
+        if found is None:
+            return {}
+        first, last, before, after, delta = found
+        log.info("held-out accuracy %.3f -> %.3f, %s (95%% interval; step %d -> %d, %d problems)", before.value,
+                 after.value, delta, first, last, len(self.heldout.task_ids))
+        return {"eval/delta": delta.value, "eval/delta_low": delta.low, "eval/delta_high": delta.high,
+                "eval/first_accuracy": before.value}
 
     async def _pretrain_critic(self, sink: JsonlSink | None) -> None:
         cfg = self.cfg
@@ -198,7 +238,7 @@ class Trainer:
             collect = getattr(self.source, "warmup_batch", self.source.next_batch)
             rollout = await collect(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, self.state.pretrain_steps + 1)
-            metrics = await asyncio.to_thread(self.algo.pretrain_critic, self.learner, batch)  # a CriticAlgorithm
+            metrics = await self.thread.run(self.algo.pretrain_critic, self.learner, batch)  # a CriticAlgorithm
             n = self.state.pretrain_steps + 1
             self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
                                     self.algo.state_dict())
@@ -220,7 +260,7 @@ class Trainer:
             rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, step)
             t_update = time.monotonic()
-            metrics = await asyncio.to_thread(self.algo.update, learner, batch)
+            metrics = await self.thread.run(self.algo.update, learner, batch)
             update_s = time.monotonic() - t_update
         self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
@@ -230,9 +270,14 @@ class Trainer:
             synced = {**synced, **self.source.stats()}
         if self.tasks is not None and self.tasks.probe_due(step):
             online |= await self._probe(step)
+        if self._eval_due(step):
+            online |= await self._evaluate(step)
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
+        release()  # the step's freed activations go back to the system, not into the next step's peak
+        rss, peak = rss_gb()
         return {**rollout.metrics, **metrics, **synced, **online, "rollout/weight_version": step - 1,
-                "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0}
+                "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0, "perf/rss_gb": peak,
+                "perf/rss_now_gb": rss}
 
     async def _update_in_parts(self, step: int) -> tuple[Any, dict[str, Any], float]:
         """RolloutPipe's CGP: backward each part of the batch (complete groups) as the source
@@ -246,12 +291,12 @@ class Trainer:
             if part.trajectories:
                 batch = collate(list(part.trajectories), self.pad_id)
                 t0 = time.monotonic()
-                await asyncio.to_thread(self.algo.accumulate, learner, batch)  # type: ignore[attr-defined]
+                await self.thread.run(self.algo.accumulate, learner, batch)  # type: ignore[attr-defined]
                 update_s += time.monotonic() - t0
         rollout = RolloutBatch.join(parts)
         self._check(rollout, step)  # before the optimizer step: an all-failed batch stops the run
         t0 = time.monotonic()
-        metrics = await asyncio.to_thread(self.algo.finish, learner)  # type: ignore[attr-defined]
+        metrics = await self.thread.run(self.algo.finish, learner)  # type: ignore[attr-defined]
         return rollout, metrics, update_s + time.monotonic() - t0
 
     def _log_lineage(self, step: int, trajectories: Any) -> None:
@@ -279,7 +324,7 @@ class Trainer:
 
     def _collate(self, rollout: Any, step: int) -> Any:
         self._check(rollout, step)
-        return collate(list(rollout.trajectories), self.pad_id)
+        return collate(list(rollout.trajectories), self.pad_id).sorted_by_length()  # less padding per micro-batch
 
     def _check(self, rollout: Any, step: int) -> None:
         """:class:`TrainError` when every trajectory failed; a warning when some did."""

@@ -1,0 +1,159 @@
+"""Held-out evaluation during training: accuracy on problems the run never trains on, with intervals.
+
+    before step 1, every ``eval.every`` steps, and after the last step:
+        accuracy = mean(correct) over the same ``eval.problems`` held-out tasks, one greedy episode each
+    at the end: the paired difference (last - first) on those tasks, with a 95% interval
+
+The held-out tasks are the first ``eval.problems`` task ids of the training environment built with
+``eval.kwargs`` merged over ``env.kwargs`` (for arithmetic: ``split: test``, while training draws
+``split: train``, so no held-out problem is ever trained on). The same tasks are evaluated every
+time, so successive accuracies are paired and their difference has a tighter interval than two
+independent samples would give. Each evaluation appends one line per task to ``RUN_DIR/eval.jsonl``
+(step, task id, correct, answer), the record the final difference is computed from, also after a
+resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, run_episode
+from sao.envs import make
+
+Z95 = 1.959963984540054  # the two-sided 95% normal quantile
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with a 95% interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.value:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> Interval:
+    """The Wilson score interval of a binomial proportion (well-behaved near 0 and 1, unlike Wald's)."""
+    if n <= 0:
+        return Interval(math.nan, math.nan, math.nan)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(before: Sequence[bool], after: Sequence[bool], z: float = Z95) -> Interval:
+    """Mean of ``after - before`` over the same tasks, with a normal 95% interval on the paired
+    differences (each in {-1, 0, 1}): ``d +- z * sd(d) / sqrt(n)``."""
+    if len(before) != len(after):
+        raise ValueError(f"paired samples differ in length ({len(before)} vs {len(after)})")
+    n = len(before)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    diffs = [float(a) - float(b) for a, b in zip(after, before)]
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    half = z * math.sqrt(var / n)
+    return Interval(mean, mean - half, mean + half)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: per task, whether the greedy answer was correct."""
+
+    step: int
+    task_ids: tuple[str, ...]
+    correct: tuple[bool, ...]
+    truncated: int
+    failed: int
+    wall_s: float
+
+    @property
+    def accuracy(self) -> Interval:
+        return wilson_interval(sum(self.correct), len(self.correct))
+
+    def metrics(self) -> dict[str, float]:
+        acc = self.accuracy
+        return {"eval/accuracy": acc.value, "eval/accuracy_low": acc.low, "eval/accuracy_high": acc.high,
+                "eval/n": float(len(self.correct)), "eval/truncated": float(self.truncated),
+                "eval/failed": float(self.failed), "perf/eval_s": self.wall_s}
+
+
+class HeldOutEval:
+    """Runs the held-out evaluation (module doc) against one engine client."""
+
+    def __init__(self, *, client: CompletionClient, renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
+                 env_name: str, env_kwargs: dict[str, Any], loop: LoopConfig, problems: int, concurrency: int,
+                 path: Path):
+        self.client, self.renderer_for, self.loop = client, renderer_for, loop
+        self.env_name, self.env_kwargs = env_name, env_kwargs
+        self.concurrency, self.path = concurrency, Path(path)
+        env = make(env_name, **env_kwargs)
+        try:
+            self.task_ids = tuple(env.unwrapped.task_ids(problems))[:problems]
+        finally:
+            env.close()
+        if not self.task_ids:
+            raise ValueError(f"{env_name} with {env_kwargs} has no held-out tasks")
+
+    async def run(self, step: int) -> EvalResult:
+        """Evaluate every held-out task once on the engine's current weights; append to eval.jsonl."""
+        semaphore = asyncio.Semaphore(self.concurrency)
+
+        async def one(task_id: str) -> Trajectory:
+            async with semaphore:
+                env = make(self.env_name, **self.env_kwargs)
+                try:
+                    renderer = self.renderer_for(tuple(getattr(env.unwrapped, "tools", ())))
+                    return await run_episode(env, self.client, renderer, self.loop, env_name=self.env_name,
+                                             task_id=task_id, seed=0)
+                finally:
+                    await asyncio.to_thread(env.close)
+
+        t0 = time.monotonic()
+        done = await asyncio.gather(*(one(t) for t in self.task_ids))
+        result = EvalResult(step, self.task_ids, tuple(t.status == "ok" and t.correct for t in done),
+                            sum(t.truncated for t in done), sum(t.status != "ok" for t in done), time.monotonic() - t0)
+        with self.path.open("a", encoding="utf-8") as fh:
+            for t, ok in zip(done, result.correct):
+                fh.write(json.dumps({"step": step, "task_id": t.task_id, "correct": ok,
+                                     "answer": t.info.get("answer"), "status": t.status}) + "\n")
+        return result
+
+
+def load_results(path: Path) -> dict[int, dict[str, bool]]:
+    """``eval.jsonl`` as {step: {task_id: correct}} (a torn last line is skipped)."""
+    out: dict[int, dict[str, bool]] = {}
+    if not Path(path).exists():
+        return out
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out.setdefault(int(row["step"]), {})[row["task_id"]] = bool(row["correct"])
+    return out
+
+
+def improvement(path: Path) -> tuple[int, int, Interval, Interval, Interval] | None:
+    """(first step, last step, first accuracy, last accuracy, paired difference) over the tasks both
+    evaluations share; None with fewer than two evaluations."""
+    results = load_results(path)
+    if len(results) < 2:
+        return None
+    first, last = min(results), max(results)
+    shared = sorted(set(results[first]) & set(results[last]))
+    before = [results[first][t] for t in shared]
+    after = [results[last][t] for t in shared]
+    return (first, last, wilson_interval(sum(before), len(before)), wilson_interval(sum(after), len(after)),
+            paired_difference(before, after))

@@ -1,0 +1,106 @@
+"""The learner process's memory: glibc's allocator set up for a long training run, one learner
+thread, and RSS readings for the metrics.
+
+Why (measured on the default run, 2 cores, issue 13): the policy update ran in
+``asyncio.to_thread`` workers, a different pool thread from one step to the next. glibc gives each
+thread that allocates under contention its own malloc arena, and memory freed into an arena is
+rarely returned to the system, so every step's activations (hundreds of MB of tensors just below
+glibc's dynamic mmap threshold) were left behind in a new arena: RSS went from 10.5 GB at the
+first policy step to 17.4 GB at the third, and the run was OOM-killed. Three fixes, all in code:
+
+- :func:`configure_allocator` caps the arenas (``M_ARENA_MAX``, as ``MALLOC_ARENA_MAX=2`` would)
+  and sets the trim threshold; it runs at the start of every entry point, so no variable has to be
+  set in the shell. (Pinning the mmap threshold low as well, so that every tensor of a megabyte or
+  more is unmapped when freed, cost 57% more time per update in ``benchmarks/learner_memory.py``:
+  each allocation then page-faults fresh zeroed memory.);
+- :class:`LearnerThread` runs every torch call of the learner on one dedicated thread (one arena,
+  one OpenMP thread team), instead of whichever pool thread is free;
+- :func:`release` returns freed heap to the system after each step (``malloc_trim``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# mallopt parameters (glibc malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_ARENA_MAX = -8
+
+ARENA_MAX = 2
+TRIM_THRESHOLD = 64 << 20  # free heap above this at the top of an arena goes back to the system
+
+
+@functools.cache
+def _libc() -> Any | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt  # noqa: B018 - glibc only (musl has no mallopt)
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+@functools.cache
+def configure_allocator() -> bool:
+    """Set glibc's arena cap and trim threshold for this process (module doc). Idempotent;
+    False where the C library is not glibc (nothing to do there)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = all(libc.mallopt(param, value) == 1 for param, value in (
+        (_M_ARENA_MAX, ARENA_MAX), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)))
+    if not ok:
+        log.warning("glibc refused a mallopt setting; the learner's memory may grow across steps")
+    return ok
+
+
+def release() -> None:
+    """Give freed heap memory back to the system (``malloc_trim(0)``); a no-op without glibc."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def rss_gb(pid: int | str = "self") -> tuple[float, float]:
+    """(current RSS, peak RSS) of a process in GB (10^9 bytes), from ``/proc/PID/status``; NaN
+    where there is no procfs."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan"), float("nan")
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024 / 1e9
+    return fields.get("VmRSS", float("nan")), fields.get("VmHWM", float("nan"))
+
+
+class LearnerThread:
+    """One dedicated worker thread for the learner's torch work (module doc)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sao-learner")
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
