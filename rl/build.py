@@ -129,7 +129,11 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learne
     from transformers import AutoModelForCausalLM
 
     device = _device(cfg.device)
-    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    attn = cfg.model.attn_implementation
+    if attn == "auto":
+        attn = "eager" if cfg.optim.bf16 and device.type == "cpu" else "sdpa"
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype),
+                                                  attn_implementation=attn).to(device)
     policy.eval()
     policy, value = _wrap_lora(cfg, policy, ValueModel.from_policy(policy).to(device) if uses_critic else None)
     return Learner(policy, learner_config(cfg), value_model=value)

@@ -93,6 +93,9 @@ class ModelConfig:
     name: str = "smollm2-135m"
     dtype: str = "float32"  # the learner's master weights
     engine_dtype: str = "bfloat16"  # what the engine serves and the weight sync writes
+    # the learner's attention kernel: auto = eager under bf16 autocast on the CPU (torch's CPU flash
+    # attention is 10x slower in bf16 backward there: benchmarks/learner_speed.py), sdpa otherwise
+    attn_implementation: str = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

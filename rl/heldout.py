@@ -89,6 +89,38 @@ class EvalResult:
                 "eval/failed": float(self.failed), "perf/eval_s": self.wall_s}
 
 
+def distinct_tasks(env_name: str, env_kwargs: dict[str, Any], problems: int) -> tuple[str, ...]:
+    """The first ``problems`` task ids of the env whose first observations differ: a small problem
+    space (1-digit arithmetic) repeats problems under different ids, and a repeated problem is the
+    same greedy answer counted twice, which would shrink the intervals without adding evidence.
+    An endless env is scanned further until enough distinct problems are found (or 50 x as many
+    ids were seen); a finite one gives what it has."""
+    env = make(env_name, **env_kwargs)
+    try:
+        base = env.unwrapped
+        endless = bool(getattr(base, "endless", False))
+        seen: set[str] = set()
+        out: list[str] = []
+        scanned, limit = 0, problems
+        while len(out) < problems:
+            ids = list(base.task_ids(limit if endless else None))  # a stable prefix of the env's stream
+            for task_id in ids[scanned:]:
+                scanned += 1
+                obs, _ = env.reset(options={"task_id": task_id})
+                key = json.dumps(obs, sort_keys=True, default=str)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(task_id)
+                    if len(out) == problems:
+                        break
+            if not endless or limit >= 50 * problems:
+                break
+            limit *= 2
+        return tuple(out)
+    finally:
+        env.close()
+
+
 class HeldOutEval:
     """Runs the held-out evaluation (module doc) against one engine client."""
 
@@ -98,11 +130,7 @@ class HeldOutEval:
         self.client, self.renderer_for, self.loop = client, renderer_for, loop
         self.env_name, self.env_kwargs = env_name, env_kwargs
         self.concurrency, self.path = concurrency, Path(path)
-        env = make(env_name, **env_kwargs)
-        try:
-            self.task_ids = tuple(env.unwrapped.task_ids(problems))[:problems]
-        finally:
-            env.close()
+        self.task_ids = distinct_tasks(env_name, env_kwargs, problems)
         if not self.task_ids:
             raise ValueError(f"{env_name} with {env_kwargs} has no held-out tasks")
 
