@@ -30,7 +30,7 @@ from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.memory import LearnerThread, configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
-from sao.rl.sync import WeightPublisher, WeightSync
+from sao.rl.sync import WeightPublisher, WeightSync, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
 from sao.rl.value import ValueModel
@@ -44,6 +44,7 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
                          ttur_k=a.ttur_k, gamma=a.gamma, alpha=a.alpha, eps_low=a.eps_low, eps_high=a.eps_high,
                          value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
+                         critic_bf16=o.critic_bf16,
                          freeze_value_attention=a.freeze_value_attention)
 
 
@@ -129,14 +130,22 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learne
     from transformers import AutoModelForCausalLM
 
     device = _device(cfg.device)
-    attn = cfg.model.attn_implementation
-    if attn == "auto":
-        attn = "eager" if cfg.optim.bf16 and device.type == "cpu" else "sdpa"
+    config = learner_config(cfg)
+
+    def attention(bf16: bool) -> str:
+        if cfg.model.attn_implementation != "auto":
+            return cfg.model.attn_implementation
+        return "eager" if bf16 and device.type == "cpu" else "sdpa"
+
     policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype),
-                                                  attn_implementation=attn).to(device)
+                                                  attn_implementation=attention(config.bf16)).to(device)
     policy.eval()
-    policy, value = _wrap_lora(cfg, policy, ValueModel.from_policy(policy).to(device) if uses_critic else None)
-    return Learner(policy, learner_config(cfg), value_model=value)
+    value = None
+    if uses_critic:
+        value = ValueModel.from_policy(policy).to(device)
+        value.backbone.set_attn_implementation(attention(config.critic_autocast))
+    policy, value = _wrap_lora(cfg, policy, value)
+    return Learner(policy, config, value_model=value)
 
 
 async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dict[str, Any]:
@@ -163,7 +172,11 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                       max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
                       top_p=cfg.rollout.top_p)
     n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
-    with _engines(cfg, model_path, run_dir, n) as (engines, served):
+    # managed engines start from an untied copy of the policy, so that every sync moves their LM head
+    # too (sao.rl.sync module doc); external ones must have been started from such a copy
+    engine_model = str(export_engine_model(learner.policy, Path(model_path), RunFiles(run_dir).root / "engine_model",
+                                           dtype=getattr(torch, cfg.model.engine_dtype)))
+    with _engines(cfg, engine_model, run_dir, n) as (engines, served):
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
             controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]

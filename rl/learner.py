@@ -48,7 +48,10 @@ class LearnerConfig:
     value_clip: float | None = 0.2  # None: plain MSE
     agg: str = "token-mean"
     agg_normalizer: float | None = None  # the constant for agg="token-sum-norm"
-    bf16: bool = False  # bf16 autocast for forward passes (log-softmax and the value head stay fp32)
+    bf16: bool = False  # bf16 autocast for the policy's passes (log-softmax stays fp32)
+    # bf16 autocast for the value model's passes (its head stays fp32); None: as ``bf16``. The critic's
+    # precision never enters the importance ratios, so it can be low where the policy's cannot.
+    critic_bf16: bool | None = None
     freeze_value_attention: bool = True
     logprob_chunk: int = 1024  # positions per chunk of the vocab log-softmax
 
@@ -61,6 +64,10 @@ class LearnerConfig:
             raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
         if self.ttur_k < 1 or self.logprob_chunk < 1 or self.value_warmup_steps < 0:
             raise ValueError("ttur_k and logprob_chunk must be >= 1, value_warmup_steps >= 0")
+
+    @property
+    def critic_autocast(self) -> bool:
+        return self.bf16 if self.critic_bf16 is None else self.critic_bf16
 
     @property
     def critic_lr(self) -> float:
@@ -120,6 +127,12 @@ def token_logprobs(
     if pieces:
         out = out.masked_scatter(want, torch.cat(pieces))
     return out
+
+
+class CriticTargets(Protocol):
+    """``(micro-batch, values [b, T], last [b]) -> micro-batch with returns and old_values set``."""
+
+    def __call__(self, mb: Batch, values: Tensor, last: Tensor) -> Batch: ...
 
 
 class PolicyLoss(Protocol):
@@ -208,7 +221,7 @@ class Learner:
         vm, cfg = self._value(), self.config
         values, last = [], []
         for mb in micro_batches(batch.to(self.device), cfg.token_budget):
-            with _autocast(self.device, cfg.bf16):
+            with _autocast(self.device, cfg.critic_autocast):
                 v, v_last = vm.token_values(mb.input_ids, mb.attention_mask)
             values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
             last.append(v_last.float())
@@ -219,17 +232,35 @@ class Learner:
 
         Fits ``batch.returns`` with ``batch.old_values`` as the clipping anchor; the algorithm sets both
         (e.g. :meth:`sao.rl.algos.SAO.with_critic_targets`, so K TTUR steps share one target and anchor)."""
-        vm, cfg = self._value(), self.config
-        batch = batch.to(self.device)
         if batch.returns is None or batch.old_values is None:
             raise ValueError("value_step needs batch.returns and batch.old_values (the algorithm's critic targets)")
+        return self._value_step(batch.to(self.device), None)[0]
+
+    def first_value_step(self, batch: Batch, targets: CriticTargets) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
+        """A critic step whose targets come from its own forward pass: each micro-batch's values (before
+        the step, detached) go through ``targets(micro_batch, values, last)``, which returns the
+        micro-batch with ``returns`` and ``old_values`` set, and the loss is taken against those.
+        Returns the step's metrics and the values of the whole batch before the step, ``(values [B, T],
+        last [B])`` as :meth:`predict_values` gives them: the first of K TTUR steps thereby replaces
+        the separate no-gradient forward pass that computing the targets first would cost."""
+        return self._value_step(batch.to(self.device), targets)
+
+    def _value_step(self, batch: Batch, targets: CriticTargets | None
+                    ) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
+        vm, cfg = self._value(), self.config
         norm = self._normalizer(batch.action_mask)
         self.value_optimizer.zero_grad(set_to_none=True)
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
+        seen_values, seen_last = [], []
         for mb in micro_batches(batch, cfg.token_budget):
-            with _autocast(self.device, cfg.bf16):
-                values, _ = vm.token_values(mb.input_ids, mb.attention_mask)
-            loss, m = value_loss(values.float(), mb.old_values, mb.returns, mb.action_mask,
+            with _autocast(self.device, cfg.critic_autocast):
+                values, last = vm.token_values(mb.input_ids, mb.attention_mask)
+            values, last = values.float(), last.float()
+            if targets is not None:
+                mb = targets(mb, values.detach(), last.detach())
+            seen_values.append(_pad_to(values.detach(), batch.input_ids.shape[1]))
+            seen_last.append(last.detach())
+            loss, m = value_loss(values, mb.old_values, mb.returns, mb.action_mask,
                                  clip=cfg.value_clip, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()
@@ -243,8 +274,9 @@ class Learner:
         self.value_optimizer.zero_grad(set_to_none=True)  # the critic's gradients never outlive its step
         self.value_scheduler.step()
         n = max(batch.num_action_tokens, 1)
-        return {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
-                "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
+        metrics = {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
+                   "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
+        return metrics, (torch.cat(seen_values), torch.cat(seen_last))
 
     # ---- policy ----------------------------------------------------------------------------------
 

@@ -13,9 +13,17 @@ LoRA: a ``peft`` policy is written as the plain model with its adapters merged i
 checkpoint exactly as for full fine-tuning; the trained model is not modified.
 
 Tied embeddings: a model with ``tie_word_embeddings`` (SmolLM2, many small Llama/Qwen models)
-shares one tensor between ``model.embed_tokens.weight`` and ``lm_head.weight``. The checkpoint keeps
-only the first name of every shared tensor (``model.embed_tokens.weight``), as Hugging Face's own
-checkpoints do; vLLM's loader ties its head to the embedding and skips ``lm_head.weight``.
+shares one tensor between ``model.embed_tokens.weight`` and ``lm_head.weight``. The engine is served
+UNTIED and every checkpoint holds both tensors (the same values) with ``tie_word_embeddings: false``.
+Why (measured, issue 13): vLLM 0.32 on the CPU repacks each linear layer's weight for its GEMM
+kernel after loading, and an in-place ``reload_weights`` re-processes only the layers whose
+weights it loaded; a tied head loads nothing of its own (the loader skips ``lm_head.weight``), so
+the engine kept computing logits with the INITIAL head while the embedding moved. The probe
+showed it: fp32 engine against fp32 learner, 8e-6 at version 0, then 0.003, 0.005, 0.006, 0.007
+after steps 1-4, and the rollout's log-prob gap grew with it (0.03 -> 0.14 in 4 steps); scoring the
+engine's log-probs with the checkpoint's embedding and the initial head matched them to 8e-6.
+:func:`export_engine_model` writes the untied copy a managed engine starts from; an external
+engine must be started from such a copy too (``sao-model export``), or its head never moves.
 
 On GPUs the disk round trip should give way to vLLM's NCCL weight transfer: see
 :class:`NcclWeightSync`, a marked seam that is not implemented.
@@ -33,7 +41,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +89,16 @@ def _state_dict_to_save(model: nn.Module, dtype: torch.dtype) -> dict[str, torch
         if t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
         tensors[name] = t.to("cpu").contiguous()
+    if _tied(model) and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+        # served untied (module doc): the head is written as its own tensor, equal to the embedding
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    return tensors
+
+
+def _tied(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text_config, "tie_word_embeddings", False) and "lm_head.weight" in tensors:
-        # Tied in the config but not in memory: vLLM would ignore the head, so the engine would
-        # serve a different policy than the learner's. Say so; keep the embedding.
-        emb = tensors.get("model.embed_tokens.weight")
-        if emb is None or not torch.equal(emb, tensors["lm_head.weight"]):
-            log.warning("tie_word_embeddings is set but lm_head.weight differs from the embedding; "
-                        "the engine ties them and will serve the embedding as its head")
-        del tensors["lm_head.weight"]
-    return tensors
+    return bool(getattr(text_config, "tie_word_embeddings", False))
 
 
 @contextlib.contextmanager
@@ -116,7 +123,36 @@ def _write_config(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
     data = json.loads(path.read_text())
     data["dtype"] = str(dtype).removeprefix("torch.")
     data.pop("torch_dtype", None)
+    if data.get("tie_word_embeddings"):
+        data["tie_word_embeddings"] = False  # served untied: the head is its own tensor (module doc)
+    if isinstance(data.get("text_config"), dict) and data["text_config"].get("tie_word_embeddings"):
+        data["text_config"]["tie_word_embeddings"] = False
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+                    "added_tokens.json")
+
+
+def export_engine_model(model: nn.Module, model_dir: Path, folder: Path, *, dtype: torch.dtype) -> Path:
+    """The folder a managed engine starts from: ``model``'s weights in ``dtype``, untied (module
+    doc), with the tokenizer and chat template files of ``model_dir`` beside them. Written once per
+    run (a second call keeps what is there: a restarted replica starts from the same weights and
+    then loads the newest version)."""
+    folder = Path(folder)
+    if (folder / WEIGHTS_FILE).exists() and (folder / "config.json").exists():
+        return folder
+    tmp = save_checkpoint(model, folder.parent / f".{folder.name}-tmp", 0, keep=1, dtype=dtype)
+    for name in _TOKENIZER_FILES:
+        src = Path(model_dir) / name
+        if src.exists():
+            shutil.copy2(src, tmp / name)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    shutil.rmtree(folder.parent / f".{folder.name}-tmp", ignore_errors=True)
+    return folder
 
 
 def save_checkpoint(
@@ -177,6 +213,41 @@ def prune_versions(root: Path, *, keep: int, protect: int | None = None) -> list
     return removed
 
 
+def weight_change(model: nn.Module, previous: Path, current: Path) -> dict[str, float]:
+    """How one sync changes the served weights (``previous`` and ``current`` version folders) and
+    what the engine's dtype keeps of the learner's master weights:
+
+    - ``sync/changed_frac``: the fraction of served elements that differ from the previous version
+      (bf16 serving rounds most small updates away: 5% after 9 steps in issue 13's run);
+    - ``sync/update_norm``: the L2 norm of the served change;
+    - ``sync/lost_norm``: the L2 norm of master - served, the part of the learner's weights the
+      engine does not have (0 when it serves the master's dtype); ``sync/lost_frac`` relates it to
+      the update norm (a value near or above 1: updates are mostly rounded away).
+    A LoRA policy is compared on its merged weights."""
+    from safetensors import safe_open
+
+    master = merged_state_dict(model) if has_lora(model) else unwrap(model).state_dict()
+    changed = total = 0
+    update_sq = lost_sq = 0.0
+    with torch.no_grad(), safe_open(str(Path(previous) / WEIGHTS_FILE), "pt") as old, \
+            safe_open(str(Path(current) / WEIGHTS_FILE), "pt") as new:
+        old_names = set(old.keys())
+        for name in new.keys():
+            served = new.get_tensor(name)
+            if not served.is_floating_point():
+                continue
+            total += served.numel()
+            if name in old_names:
+                before = old.get_tensor(name)
+                changed += int((served != before).sum())
+                update_sq += float((served.float() - before.float()).square().sum())
+            if name in master:
+                lost_sq += float((master[name].detach().float().cpu() - served.float()).square().sum())
+    update = math.sqrt(update_sq)
+    return {"sync/changed_frac": changed / max(total, 1), "sync/update_norm": update,
+            "sync/lost_norm": math.sqrt(lost_sq), "sync/lost_frac": math.sqrt(lost_sq) / update if update else math.nan}
+
+
 class WeightSync:
     """Push the learner's policy into a running vLLM engine through ``root`` on a shared filesystem.
 
@@ -211,8 +282,13 @@ class WeightSync:
         self.pause_mode: PauseMode = pause_mode
         self.reload_timeout_s = reload_timeout_s
 
-    async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]:
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
+                   recent: Sequence[Any] = ()) -> dict[str, float]:
         """Save ``model`` as ``version``, load it into the engine, label it, and probe it. Returns metrics.
+
+        ``recent``: trajectories of the batch just trained on; their sampled (action) tokens are probed
+        too (``sync/action_probe_gap``), which is where an update that does not reach the engine shows
+        first: the fixed probe text is one the updates barely touch.
 
         The checkpoint is written *before* the engine is paused (it keeps generating meanwhile);
         the pause covers reload, version label and prefix-cache reset, and ``resume`` runs whatever
@@ -221,8 +297,12 @@ class WeightSync:
         """
         metrics: dict[str, float] = {}
         started = time.perf_counter()
-        folder = await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep, dtype=self.dtype)
+        previous = [p for v, p in list_versions(self.root) if v < version]
+        folder = await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep + 1, dtype=self.dtype)
         metrics["perf/save_s"] = time.perf_counter() - started
+        if probe and previous:  # what this sync changes in the engine, and what rounding keeps from it
+            metrics |= await asyncio.to_thread(weight_change, model, previous[-1], folder)
+        prune_versions(self.root, keep=self.keep, protect=version)
 
         paused_at = time.perf_counter()
         await self.engine.pause(mode=self.pause_mode)
@@ -260,6 +340,8 @@ class WeightSync:
             # the same against the full-precision master weights: adds the engine dtype's rounding
             metrics["sync/probe_gap_master"] = sum(abs(a - b) for a, b in zip(engine_lp, full_lp)) / len(gaps)
             metrics["sync/probe_engine_logprob"] = sum(engine_lp) / len(engine_lp)
+            if recent:
+                metrics |= await self._action_probe(model, recent)
             metrics["perf/probe_s"] = time.perf_counter() - probe_at
             if metrics["sync/probe_gap"] > self.warn_gap:
                 log.warning("weight sync to version %d: engine and learner log-probs differ by %.4f on average "
@@ -267,11 +349,31 @@ class WeightSync:
                             version, metrics["sync/probe_gap"], metrics["sync/probe_gap_max"], self.warn_gap)
         return metrics
 
-    async def engine_logprobs(self) -> list[float]:
-        """The engine's log-prob of each probe token after the first, given its prefix (greedy, 1 new token)."""
+    async def _action_probe(self, model: nn.Module, recent: Sequence[Any]) -> dict[str, float]:
+        """Mean |engine - learner| log-prob over the action tokens of ``recent`` (learner weights rounded
+        to the engine's dtype, as the fixed probe), and the same against the master weights."""
+        gaps, master_gaps = [], []
+        for trajectory in recent:
+            ids = list(trajectory.token_ids)
+            engine_lp = await self.engine_logprobs(ids)
+            learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype, ids=ids)
+            full_lp = await asyncio.to_thread(self.learner_logprobs, model, ids=ids)
+            for e, lr, f, a in zip(engine_lp, learner_lp, full_lp, trajectory.action_mask[1:], strict=True):
+                if a:
+                    gaps.append(abs(e - lr))
+                    master_gaps.append(abs(e - f))
+        if not gaps:
+            return {}
+        return {"sync/action_probe_gap": sum(gaps) / len(gaps), "sync/action_probe_gap_max": max(gaps),
+                "sync/action_probe_gap_master": sum(master_gaps) / len(master_gaps)}
+
+    async def engine_logprobs(self, ids: list[int] | None = None) -> list[float]:
+        """The engine's log-prob of each token of ``ids`` (default: the probe) after the first, given its
+        prefix (greedy, 1 new token)."""
+        ids = self.probe_ids if ids is None else list(ids)
         body: dict[str, Any] = {
             "model": self.model_name,
-            "prompt": self.probe_ids,
+            "prompt": ids,
             "max_tokens": 1,
             "temperature": 0,
             "prompt_logprobs": 0,
@@ -284,9 +386,10 @@ class WeightSync:
             raise EngineError(f"POST {self.engine.root_url}/v1/completions: HTTP {resp.status_code}: {resp.text[:500]}",
                               status_code=resp.status_code, body=resp.text)
         per_position = resp.json()["choices"][0]["prompt_logprobs"][1:]  # the first token has no prefix
-        return [float(entry[str(tok)]["logprob"]) for tok, entry in zip(self.probe_ids[1:], per_position, strict=True)]
+        return [float(entry[str(tok)]["logprob"]) for tok, entry in zip(ids[1:], per_position, strict=True)]
 
-    def learner_logprobs(self, model: nn.Module, *, round_to: torch.dtype | None = None) -> list[float]:
+    def learner_logprobs(self, model: nn.Module, *, round_to: torch.dtype | None = None,
+                         ids: list[int] | None = None) -> list[float]:
         """The learner's log-prob of each probe token after the first (no gradients, model's own dtype).
 
         ``round_to``: compute with every floating parameter rounded to that dtype first (what the engine
@@ -298,7 +401,7 @@ class WeightSync:
         meanwhile: :func:`sao.rl.lora.engine_view`).
         """
         device = next(model.parameters()).device
-        ids = torch.tensor([self.probe_ids], dtype=torch.long, device=device)
+        ids = torch.tensor([self.probe_ids if ids is None else list(ids)], dtype=torch.long, device=device)
         originals: list[tuple[nn.Parameter, torch.Tensor]] = []
         with torch.no_grad():
             try:
@@ -326,7 +429,8 @@ class WeightPublisher:
             raise ValueError(f"keep must be >= 1, not {keep}")
         self.root, self.keep, self.dtype = Path(root).resolve(), keep, dtype
 
-    async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]:
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
+                   recent: Sequence[Any] = ()) -> dict[str, float]:
         started = time.perf_counter()
         await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep, dtype=self.dtype)
         save_s = time.perf_counter() - started

@@ -27,6 +27,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from torch import nn
@@ -58,7 +59,8 @@ def refuse_to_overwrite(run_dir: Path) -> None:
 
 
 class Syncer(Protocol):
-    async def sync(self, model: nn.Module, version: int, *, probe: bool = True) -> dict[str, float]: ...
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
+                   recent: Sequence[Any] = ()) -> dict[str, float]: ...
 
 
 @dataclass
@@ -264,7 +266,8 @@ class Trainer:
             update_s = time.monotonic() - t_update
         self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
-        synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe)
+        synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe,
+                                             recent=rollout.trajectories[:cfg.engine.action_probes])
         self.source.on_weights(step)
         if hasattr(self.source, "stats"):  # an orchestrated source: its ledger and replica versions now
             synced = {**synced, **self.source.stats()}

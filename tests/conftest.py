@@ -61,9 +61,27 @@ def smollm2_dir() -> Path:
         _require("the bundled model", f"it is not prepared ({exc}); run `sao-model prepare smollm2-135m`")
 
 
+ENGINE_DTYPE = "float32"  # what sao-train's engines serve by default (conf/model/smollm2.yaml)
+
+
 @pytest.fixture(scope="session")
-def vllm_server(smollm2_dir, tmp_path_factory):
-    """One real vLLM server with the bundled model for the whole session (start-up is 60-90 s on 2 cores)."""
+def engine_model_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """The bundled model exported as sao-train's engines serve it: untied head, the default engine dtype
+    (sao.rl.sync.export_engine_model). Tests reload it to put the shared engine back."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sao.rl.sync import export_engine_model
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    return export_engine_model(model, Path(smollm2_dir), tmp_path_factory.mktemp("engine") / "model",
+                               dtype=getattr(torch, ENGINE_DTYPE))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(engine_model_dir, tmp_path_factory):
+    """One real vLLM server with the bundled model for the whole session (start-up is 60-90 s on 2 cores),
+    served as sao-train serves it (untied head, the default engine dtype)."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
@@ -73,8 +91,8 @@ def vllm_server(smollm2_dir, tmp_path_factory):
     from sao.agents.engine import VLLMServer, VLLMServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    config = VLLMServerConfig(model=str(smollm2_dir), served_model_name="smollm2-135m", max_model_len=2048,
-                              kv_cache_gib=1, log_path=log)
+    config = VLLMServerConfig(model=str(engine_model_dir), served_model_name="smollm2-135m", max_model_len=2048,
+                              kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE)
     with VLLMServer(config) as server:
         root = psutil.Process(server.pid)
         tree = [root, *root.children(recursive=True)]
@@ -131,7 +149,7 @@ def engine_probe(server) -> list[float]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def restore_engine(vllm_server, smollm2_dir):  # type: ignore[no-untyped-def]
+def restore_engine(vllm_server, engine_model_dir):  # type: ignore[no-untyped-def]
     """The shared server, with the prepared weights (and the version label) put back afterwards, even
     on failure, and a check that the engine's log-probs are the ones it had before."""
     label = engine_call(vllm_server, lambda c: c.weight_version())
@@ -141,7 +159,7 @@ def restore_engine(vllm_server, smollm2_dir):  # type: ignore[no-untyped-def]
     async def restore(client):  # type: ignore[no-untyped-def]
         await client.pause(mode="keep")
         try:
-            await client.reload_weights(Path(smollm2_dir).resolve(), timeout_s=300)
+            await client.reload_weights(Path(engine_model_dir).resolve(), timeout_s=300)
             await client.reset_prefix_cache()
             if label is not None:
                 await client.set_weight_version(label)

@@ -38,7 +38,7 @@ def real_config(algo: str, server, **overrides) -> TrainConfig:  # type: ignore[
                   optim=replace(cfg.optim, lr=1e-4, value_warmup_steps=0),
                   env=replace(cfg.env, kwargs={**cfg.env.kwargs, "ops": "+-"}, max_tokens=64),
                   engine=replace(cfg.engine, base_url=server.root_url, served_name=server.model_name),
-                  logger=replace(cfg.logger, console=False, tensorboard=False))
+                  logger=replace(cfg.logger, console=False, tensorboard=False), eval=replace(cfg.eval, enabled=False))
     if cfg.algo.group_size > 1:
         cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
     return replace(cfg, **overrides)
@@ -187,7 +187,7 @@ def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
     server = restore_engine
     exe = Path(sys.executable).with_name("sao-train")
     common = ["max_steps=1", "batch_size=4", "value_pretrain_steps=0", "env.max_tokens=32", "keep_checkpoints=1",
-              f"engine.base_url={server.root_url}", "logger.tensorboard=false", "optim.lr=1e-4"]
+              f"engine.base_url={server.root_url}", "logger.tensorboard=false", "optim.lr=1e-4", "eval.enabled=false"]
     try:
         sweep = tmp_path / "sweep"
         out = subprocess.run([str(exe), "-m", "algo=sao,grpo", "seed=1,2", f"output_dir={sweep}", *common],

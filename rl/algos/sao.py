@@ -55,16 +55,29 @@ class SAO(Stateless):
     def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
         """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
         moves (so the critic never sees the outcome it is baselining), then ``ttur_k`` value steps
-        and one policy step (METHOD.md 1.4). Returns the last value step's and the policy step's metrics."""
+        and one policy step (METHOD.md 1.4). The values before the critic moves are those of the first
+        value step's own forward pass (:meth:`Learner.first_value_step`), so no separate pass computes
+        them. Returns the last value step's and the policy step's metrics."""
         batch = batch.to(learner.device)
-        values = learner.predict_values(batch)
+        metrics, values = self._critic_steps(learner, batch)
         advantages = self.advantages(learner, batch, values)
-        batch = self.with_critic_targets(learner, batch, values)
-        metrics = self.critic_steps(learner, batch)
         metrics |= learner.policy_step(batch, advantages, self.config.loss)
         act = batch.action_mask.bool()
         metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
         return metrics
+
+    def _critic_steps(self, learner: Learner, batch: Batch) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
+        """``ttur_k`` value steps on one target and one clipping anchor, both from the values before the
+        first step (taken in that step's forward pass). Returns the metrics (with the explained
+        variance of those values) and the values."""
+        metrics, values = learner.first_value_step(batch, lambda mb, v, last: self.with_critic_targets(
+            learner, mb, (v, last)))
+        batch = self.with_critic_targets(learner, batch, values)
+        act = batch.action_mask.bool()
+        metrics["value/explained_var"] = explained_variance(batch.old_values[act], batch.returns[act])
+        for _ in range(self.config.ttur_k - 1):
+            metrics |= learner.value_step(batch)
+        return metrics, values
 
     def pretrain_critic(self, learner: Learner, batch: Batch) -> dict[str, float]:
         """The critic-only pretraining step (METHOD.md 1.3): :meth:`critic_steps`, no policy step."""
@@ -99,15 +112,14 @@ class SAO(Stateless):
         return replace(batch, returns=returns, old_values=v)
 
     def critic_steps(self, learner: Learner, batch: Batch) -> dict[str, float]:
-        """``ttur_k`` value steps on one batch with one target and one clipping anchor (computed here
-        when ``batch.returns`` is unset), plus the explained variance of the values BEFORE them:
-        ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens."""
+        """``ttur_k`` value steps on one batch with one target and one clipping anchor (the values
+        before them; or ``batch.returns`` / ``batch.old_values`` when set), plus the explained variance
+        of the values BEFORE them: ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens."""
         batch = batch.to(learner.device)
         if batch.returns is None or batch.old_values is None:
-            batch = self.with_critic_targets(learner, batch)
+            return self._critic_steps(learner, batch)[0]
         act = batch.action_mask.bool()
         metrics: dict[str, float] = {"value/explained_var": explained_variance(batch.old_values[act], batch.returns[act])}
         for _ in range(self.config.ttur_k):
             metrics |= learner.value_step(batch)
         return metrics
-
