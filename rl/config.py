@@ -41,14 +41,14 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5  # the 135M CPU demo; the paper (30B) uses 1e-6 (see conf/config.yaml)
+    lr: float = 3e-5  # the 135M CPU demo; the paper (30B) uses 1e-6 (see conf/config.yaml)
     value_lr: float | None = None  # None: 5 x lr (METHOD.md 1.2)
     value_warmup_steps: int = 10
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
     # padded tokens per micro-batch (exact gradient accumulation); bounds the activations' memory
     # whatever the batch holds. None: the whole batch at once
-    token_budget: int | None = 1024
+    token_budget: int | None = 512
     # bf16 autocast of the policy's passes. Off by default: on the CPU it puts 0.03-0.07 of mean
     # |log-prob| noise between learner and an fp32 engine on sampled tokens (measured, issue 13),
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
@@ -96,7 +96,7 @@ class ModelConfig:
 
     name: str = "smollm2-135m"
     dtype: str = "float32"  # the learner's master weights
-    engine_dtype: str = "bfloat16"  # what the engine serves and the weight sync writes
+    engine_dtype: str = "float32"  # what the engine serves and the weight sync writes (fp32: no update rounded away)
     # the learner's attention kernel: auto = eager under bf16 autocast on the CPU (torch's CPU flash
     # attention is 10x slower in bf16 backward there: benchmarks/learner_speed.py), sdpa otherwise
     attn_implementation: str = "auto"
@@ -189,7 +189,7 @@ class EvalConfig:
     ``temperature`` (0: greedy), ``max_tokens`` generated tokens at most (null: env.max_tokens)."""
 
     enabled: bool = True
-    every: int = 10
+    every: int = 15
     problems: int = 200
     temperature: float = 0.0
     max_tokens: int | None = None
@@ -198,7 +198,7 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 10  # policy steps, each followed by a weight sync
+    max_steps: int = 30  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
     seed: int = 0
     batch_size: int = 8  # trajectories per policy step (prompts x group_size)

@@ -333,7 +333,7 @@ class WeightSync:
             probe_at = time.perf_counter()
             engine_lp = await self.engine_logprobs()
             learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype)
-            full_lp = await asyncio.to_thread(self.learner_logprobs, model)
+            full_lp = learner_lp if self._serves_master(model) else await asyncio.to_thread(self.learner_logprobs, model)
             gaps = [abs(a - b) for a, b in zip(engine_lp, learner_lp, strict=True)]
             metrics["sync/probe_gap"] = sum(gaps) / len(gaps)
             metrics["sync/probe_gap_max"] = max(gaps)
@@ -349,6 +349,10 @@ class WeightSync:
                             version, metrics["sync/probe_gap"], metrics["sync/probe_gap_max"], self.warn_gap)
         return metrics
 
+    def _serves_master(self, model: nn.Module) -> bool:
+        """The engine's dtype is every floating parameter's: rounding to it changes nothing."""
+        return all(p.dtype == self.dtype for p in model.parameters() if p.is_floating_point())
+
     async def _action_probe(self, model: nn.Module, recent: Sequence[Any]) -> dict[str, float]:
         """Mean |engine - learner| log-prob over the action tokens of ``recent`` (learner weights rounded
         to the engine's dtype, as the fixed probe), and the same against the master weights."""
@@ -357,7 +361,8 @@ class WeightSync:
             ids = list(trajectory.token_ids)
             engine_lp = await self.engine_logprobs(ids)
             learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype, ids=ids)
-            full_lp = await asyncio.to_thread(self.learner_logprobs, model, ids=ids)
+            full_lp = learner_lp if self._serves_master(model) else await asyncio.to_thread(
+                self.learner_logprobs, model, ids=ids)
             for e, lr, f, a in zip(engine_lp, learner_lp, full_lp, trajectory.action_mask[1:], strict=True):
                 if a:
                     gaps.append(abs(e - lr))
