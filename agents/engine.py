@@ -317,6 +317,12 @@ class EngineClient:
     async def set_weight_version(self, version: int | str) -> None:
         await self._call("POST", "/update_weight_version", json={"new_version": str(version)})
 
+    async def served_model_dir(self) -> str | None:
+        """The folder the server was started from (``root`` of ``GET /v1/models``), None if it says none."""
+        data = await self._call("GET", "/v1/models")
+        models = data.get("data") if isinstance(data, dict) else None
+        return models[0].get("root") if models else None
+
     async def weight_version(self) -> str | None:
         """The engine's weight-version label (``GET /weight_info``); vLLM reports ``"default"`` until set."""
         value = self._field(await self._call("GET", "/weight_info"), "weight_version")

@@ -30,7 +30,7 @@ from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.memory import LearnerThread, configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import SyncRollout
-from sao.rl.sync import WeightPublisher, WeightSync, export_engine_model
+from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
 from sao.rl.value import ValueModel
@@ -180,6 +180,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
             controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]
+            for control in controls:  # a tied engine head would never take an update (sao.rl.sync)
+                await check_engine_untied(control)
             clients = []
             for root in roots:
                 client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,

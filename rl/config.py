@@ -189,7 +189,7 @@ class EvalConfig:
     ``temperature`` (0: greedy), ``max_tokens`` generated tokens at most (null: env.max_tokens)."""
 
     enabled: bool = True
-    every: int = 15
+    every: int = 12
     problems: int = 200
     temperature: float = 0.0
     max_tokens: int | None = None
@@ -198,7 +198,7 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 30  # policy steps, each followed by a weight sync
+    max_steps: int = 24  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
     seed: int = 0
     batch_size: int = 8  # trajectories per policy step (prompts x group_size)

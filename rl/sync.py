@@ -23,7 +23,8 @@ showed it: fp32 engine against fp32 learner, 8e-6 at version 0, then 0.003, 0.00
 after steps 1-4, and the rollout's log-prob gap grew with it (0.03 -> 0.14 in 4 steps); scoring the
 engine's log-probs with the checkpoint's embedding and the initial head matched them to 8e-6.
 :func:`export_engine_model` writes the untied copy a managed engine starts from; an external
-engine must be started from such a copy too (``sao-model export``), or its head never moves.
+engine must be started from such a copy too (``python -m sao.rl.export``), or its
+head never moves; :func:`check_engine_untied` refuses one that was not.
 
 On GPUs the disk round trip should give way to vLLM's NCCL weight transfer: see
 :class:`NcclWeightSync`, a marked seam that is not implemented.
@@ -246,6 +247,27 @@ def weight_change(model: nn.Module, previous: Path, current: Path) -> dict[str, 
     update = math.sqrt(update_sq)
     return {"sync/changed_frac": changed / max(total, 1), "sync/update_norm": update,
             "sync/lost_norm": math.sqrt(lost_sq), "sync/lost_frac": math.sqrt(lost_sq) / update if update else math.nan}
+
+
+async def check_engine_untied(engine: EngineClient) -> None:
+    """Raise :class:`~sao.rl.config.ConfigError` when the engine was started from a model folder whose
+    config ties the LM head to the embedding: its head would never take an update (module doc). A
+    folder this process cannot read (another machine) is let through with a warning."""
+    from sao.rl.config import ConfigError
+
+    root = await engine.served_model_dir()
+    config = Path(root) / "config.json" if root else None
+    if config is None or not config.is_file():
+        log.warning("cannot read the engine's model folder (%s) to check that its LM head is untied; if it was "
+                    "started from a tied checkpoint, its head will never follow the learner", root)
+        return
+    data = json.loads(config.read_text())
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    if data.get("tie_word_embeddings") or text.get("tie_word_embeddings"):
+        raise ConfigError(
+            f"the engine at {engine.root_url} serves {root}, whose LM head is tied to its embedding: vLLM would "
+            "never reload the head, and the engine would keep sampling with the initial one. Start it from an "
+            f"untied copy: python -m sao.rl.export MODEL DIR --dtype ENGINE_DTYPE, then vLLM --model DIR")
 
 
 class WeightSync:

@@ -336,3 +336,50 @@ def test_config_rejects_unknown_aggregation_with_a_hint():
         LearnerConfig(agg="token_mean")
     with pytest.raises(ValueError, match="agg_normalizer"):
         LearnerConfig(agg="token-sum-norm")
+
+
+# ---- issue 13: what the learner no longer recomputes, and the log-probs it computes only where needed
+
+def test_token_logprobs_only_at_requested_tokens_equal_the_full_computation():
+    model = tiny_llama()
+    b = collate(random_trajs([9, 14, 6]), pad_id=0)
+    with torch.no_grad():
+        full = token_logprobs(model, b.input_ids, b.attention_mask)
+        only = token_logprobs(model, b.input_ids, b.attention_mask, only=b.action_mask, chunk=4)
+    act = b.action_mask.bool()
+    assert torch.allclose(only[act], full[act], atol=1e-6)
+    assert (only[~act] == 0).all()  # prompt, observation and padding tokens never reach the head
+
+
+def test_sorted_by_length_keeps_each_row_whole():
+    b = collate(random_trajs([9, 4, 14, 6]), pad_id=0)
+    s = b.sorted_by_length()
+    assert s.attention_mask.sum(-1).tolist() == [4, 6, 9, 14]
+    order = [1, 3, 0, 2]  # the rows' original positions, shortest first
+    for name in ("input_ids", "action_mask", "rollout_logprobs", "rewards", "truncated", "group_ids"):
+        assert torch.equal(getattr(s, name), getattr(b, name)[order]), name
+    assert s.sorted_by_length() is s  # already sorted: the same object
+
+
+def test_first_value_step_equals_targets_from_a_separate_forward_then_a_step():
+    """SAO takes its values (for the advantages and the critic targets) from the first critic step's own
+    forward pass; the step must be the one a separate no-grad forward + value_step would take."""
+    trajs = random_trajs([9, 14, 6, 11])
+    learners = []
+    for _ in range(2):
+        policy = tiny_llama()
+        torch.manual_seed(5)
+        value = ValueModel.from_policy(policy)
+        learners.append(Learner(policy, LearnerConfig(lr=1e-3, value_warmup_steps=0, token_budget=24), value_model=value,
+                                policy_optimizer=torch.optim.SGD(policy.parameters(), lr=1e-3),
+                                value_optimizer=torch.optim.SGD(value.parameters(), lr=1e-2)))
+    sao = SAO(SAOConfig(ttur_k=1))
+    b = collate(trajs, pad_id=0)
+    a, c = learners
+    values = a.predict_values(b)
+    m_sep = a.value_step(sao.with_critic_targets(a, b, values))
+    m_first, seen = c.first_value_step(b, lambda mb, v, last: sao.with_critic_targets(c, mb, (v, last)))
+    assert torch.allclose(seen[0], values[0], atol=1e-6) and torch.allclose(seen[1], values[1], atol=1e-6)
+    assert m_first["loss/value"] == pytest.approx(m_sep["loss/value"], rel=1e-5)
+    for pa, pc in zip(a.value_model.parameters(), c.value_model.parameters()):
+        assert torch.allclose(pa, pc, atol=1e-6)

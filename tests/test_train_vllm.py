@@ -237,11 +237,18 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
     before = vllm_pids()
     try:
         out = subprocess.run([str(exe), "max_steps=1", f"output_dir={run_dir}", "batch_size=2", "value_pretrain_steps=1",
-                              "env.max_tokens=32", "engine.kv_cache_gib=1", "keep_checkpoints=1"],
+                              "env.max_tokens=32", "engine.kv_cache_gib=1", "keep_checkpoints=1", "eval.problems=8"],
                              capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, out.stderr[-3000:]
-        rows = lines(run_dir / "metrics.jsonl")
+        baseline, *rows = lines(run_dir / "metrics.jsonl")
         assert len(rows) == 1 and rows[0]["engine/weight_version"] == 1 and math.isfinite(rows[0]["loss/value"])
+        # held-out accuracy before the first step and after the last, and their paired difference
+        assert baseline["step"] == 0 and 0.0 <= baseline["eval/accuracy"] <= 1.0 and baseline["eval/n"] == 8
+        assert 0.0 <= rows[0]["eval/accuracy"] <= 1.0 and rows[0]["eval/delta_low"] <= rows[0]["eval/delta"]
+        assert rows[0]["eval/delta"] == pytest.approx(rows[0]["eval/accuracy"] - baseline["eval/accuracy"])
+        assert "held-out accuracy" in out.stderr + out.stdout
+        assert (run_dir / "engine_model" / "config.json").is_file()  # the untied copy the engine started from
+        assert not json.loads((run_dir / "engine_model" / "config.json").read_text())["tie_word_embeddings"]
         config = json.loads((run_dir / "config.json").read_text())
         assert (config["algo"]["name"], config["env"]["name"], config["model"]["name"]) == ("sao", "arithmetic",
                                                                                           "smollm2-135m")

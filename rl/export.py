@@ -1,0 +1,31 @@
+"""``python -m sao.rl.export MODEL OUT [--dtype float32]``: the model folder an external vLLM must be
+started from for ``sao-train engine.base_url=...`` (its LM head untied, so that weight syncs reach it:
+:func:`sao.rl.sync.export_engine_model`). ``MODEL`` is a folder, a Hugging Face id, or an alias that
+``sao-model`` knows; ``--dtype`` is the ``model.engine_dtype`` the run will use."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sao.rl.export", description=__doc__)
+    p.add_argument("model")
+    p.add_argument("out", type=Path)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = p.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sao.agents.model import ensure_model
+    from sao.rl.sync import export_engine_model
+
+    path = ensure_model(args.model)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    print(export_engine_model(model, Path(path), args.out, dtype=getattr(torch, args.dtype)))
+
+
+if __name__ == "__main__":
+    main()
