@@ -20,7 +20,6 @@ the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
