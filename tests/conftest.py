@@ -36,6 +36,18 @@ def _give_memory_back(request):  # type: ignore[no-untyped-def]
             pass
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny-model tests: on a shared machine with few cores, OpenMP
+    worker threads waiting on each other made single steps up to 30x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def shared_file(name: str) -> Path:
     path = SHARED_DATA / name
     if not path.exists():

@@ -21,14 +21,7 @@ from sao.rl.value import ValueModel
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these models are tiny, and on a shared machine with few cores OpenMP worker
-    threads waiting on each other made single steps up to 30x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:

@@ -33,13 +33,7 @@ LORA = LoraConfig(rank=4, alpha=8.0)
 CRITIC = replace(LORA, critic=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the models are tiny (see tests/test_learner.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
