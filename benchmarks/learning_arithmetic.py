@@ -13,7 +13,8 @@ variants take ``budget / batch`` steps of ``batch / group`` prompts x ``group``.
 ``sao+lora``: SAO with ``model.lora.rank=8`` and ``optim.lr=--lora-lr`` (2e-4, the top of the
 README's 1e-4..2e-4 range for LoRA), on ``--lora-seeds`` (default one seed: fewer than the others).
 
-One managed local vLLM, started in dev mode with the composed ``model.engine_dtype``, serves every
+One managed local vLLM, started in dev mode from an untied copy of the model in the composed
+``model.engine_dtype`` (``OUT/engine_model``, as sao-train's own engines), serves every
 run in turn (``--engines N`` starts N and runs N at a time, for a GPU); each run first syncs its
 own initial weights into it, so runs do not leak into each other. Each run is its own process, so
 its peak RSS (``perf/rss_gb``) and wall time are its own. A finished run folder is reused and an
@@ -353,7 +354,7 @@ def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None
     """Start ``--engines`` managed vLLMs (the main thread, one after another), then train the jobs
     in order, one per engine at a time."""
     from sao.agents.engine import VLLMServer, VLLMServerConfig
-    from sao.agents.model import ensure_model
+    from sao.rl.export import export_model
 
     base = compose_base(args.set)
     deadline = time.monotonic() + (args.deadline_s or math.inf)
@@ -363,9 +364,12 @@ def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None
     servers: list[VLLMServer] = []
     pending = [j for j in jobs if check_folder(j.run_dir, j.cfg) != "finished"]
     try:
+        # the engines serve an untied copy (sao.rl.sync: a tied head never takes a weight sync;
+        # sao-train refuses an external engine that ties it)
+        served = export_model(base.model.name, args.out / "engine_model", base.model.engine_dtype) if pending else None
         for i in range(min(args.engines, len(pending))):
             servers.append(VLLMServer(VLLMServerConfig(
-                model=ensure_model(base.model.name), served_model_name=base.engine.served_name or base.model.name,
+                model=str(served), served_model_name=base.engine.served_name or base.model.name,
                 max_model_len=base.engine.max_model_len, kv_cache_gib=base.engine.kv_cache_gib,
                 dtype=base.model.engine_dtype, extra_args=tuple(base.engine.extra_args),
                 startup_timeout_s=base.engine.startup_timeout_s, gpu_memory_utilization=args.gpu_memory_utilization,

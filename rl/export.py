@@ -9,22 +9,26 @@ import argparse
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sao.rl.export", description=__doc__)
-    p.add_argument("model")
-    p.add_argument("out", type=Path)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    args = p.parse_args(argv)
-
+def export_model(model: str, out: Path, dtype: str = "float32") -> Path:
+    """Write (once) the untied ``dtype`` copy of ``model`` into ``out`` and return ``out``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from sao.agents.model import ensure_model
     from sao.rl.sync import export_engine_model
 
-    path = ensure_model(args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    print(export_engine_model(model, Path(path), args.out, dtype=getattr(torch, args.dtype)))
+    path = ensure_model(model)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return export_engine_model(policy, Path(path), Path(out), dtype=getattr(torch, dtype))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sao.rl.export", description=__doc__)
+    p.add_argument("model")
+    p.add_argument("out", type=Path)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = p.parse_args(argv)
+    print(export_model(args.model, args.out, args.dtype))
 
 
 if __name__ == "__main__":
