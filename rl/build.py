@@ -42,7 +42,6 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
     a, o = cfg.algo, cfg.optim
     return LearnerConfig(lr=o.lr, value_lr=o.value_lr, value_warmup_steps=o.value_warmup_steps,
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
-                         ttur_k=a.ttur_k, gamma=a.gamma, alpha=a.alpha, eps_low=a.eps_low, eps_high=a.eps_high,
                          value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
                          critic_bf16=o.critic_bf16,
                          freeze_value_attention=a.freeze_value_attention)

@@ -38,13 +38,8 @@ class LearnerConfig:
     weight_decay: float = 0.01  # open in the paper; AdamW's usual RL value
     grad_clip: float | None = 1.0  # max global grad norm per model; None: no clipping (norm still logged)
     token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
-    # ttur_k, gamma, alpha, eps_low, eps_high: no Learner method reads them any more (the algorithm's
-    # own config does, sao.rl.algos); kept while build.learner_config passes them. Drop them together.
-    ttur_k: int = 2  # value steps per policy step (two-timescale update)
-    gamma: float = 1.0
-    alpha: float = 1.5  # lambda_policy = 1 - 1 / (alpha * action_tokens)
-    eps_low: float = 0.3  # DIS band (1 - eps_low, 1 + eps_high); coding: 0.8 / 3.0
-    eps_high: float = 5.0
+    # The algorithm's own hyper-parameters (TTUR's k, gamma, lambda's alpha, the DIS band) live in its
+    # typed config (sao.rl.algos), not here: the Learner only runs passes and optimizer steps.
     value_clip: float | None = 0.2  # None: plain MSE
     agg: str = "token-mean"
     agg_normalizer: float | None = None  # the constant for agg="token-sum-norm"
@@ -62,8 +57,8 @@ class LearnerConfig:
                              + (f"; did you mean {close[0]!r}?" if close else ""))
         if self.agg == "token-sum-norm" and self.agg_normalizer is None:
             raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
-        if self.ttur_k < 1 or self.logprob_chunk < 1 or self.value_warmup_steps < 0:
-            raise ValueError("ttur_k and logprob_chunk must be >= 1, value_warmup_steps >= 0")
+        if self.logprob_chunk < 1 or self.value_warmup_steps < 0:
+            raise ValueError("logprob_chunk must be >= 1, value_warmup_steps >= 0")
 
     @property
     def critic_autocast(self) -> bool:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from sao.agents.records import Trajectory
 from sao.rl.algos import SAO, DISLoss, SAOConfig
@@ -18,18 +17,12 @@ from sao.rl.batch import collate, micro_batches
 from sao.rl.learner import Learner, LearnerConfig, token_logprobs
 from sao.rl.value import ValueModel
 
+from tests.tiny_models import tiny_llama
+
 VOCAB = 64
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False)
-    return LlamaForCausalLM(config).float()
 
 
 def traj(tokens, mask, *, logprobs=None, reward=0.0, truncated=False, task="t0") -> Trajectory:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from sao.agents.records import Trajectory
 from sao.rl.algos import make_algorithm
@@ -28,6 +27,10 @@ from sao.rl.lora import merged_state_dict, unwrap, wrap_policy, wrap_value
 from sao.rl.sync import WEIGHTS_FILE, WeightSync, save_checkpoint
 from sao.rl.value import ValueModel, attention_param_names, backbone_of
 
+from transformers import LlamaForCausalLM
+
+from tests.tiny_models import tiny_llama as _tiny
+
 VOCAB = 64
 LORA = LoraConfig(rank=4, alpha=8.0)
 CRITIC = replace(LORA, critic=True)
@@ -36,12 +39,8 @@ CRITIC = replace(LORA, critic=True)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True)
-    return LlamaForCausalLM(config).float().eval()
+def tiny_llama(seed: int = 0):  # type: ignore[no-untyped-def]
+    return _tiny(seed, vocab=VOCAB, tie=True)  # tied: the SmolLM2 case the merge must handle
 
 
 def kick_adapters(model: torch.nn.Module, seed: int = 1, scale: float = 0.05) -> None:

@@ -19,16 +19,11 @@ from sao.agents.engine import EngineClient, VLLMServer
 from sao.agents.errors import EngineError
 from sao.rl import NcclWeightSync, WeightSync, list_versions, save_checkpoint
 from sao.rl.sync import prune_versions
+from tests.tiny_models import tiny_llama
 
 
 def _tiny_llama(*, tie: bool = True, seed: int = 0):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=tie)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(seed, vocab=96, tie=tie, max_positions=64)
 
 
 def _keys(folder: Path) -> set[str]:

@@ -59,14 +59,14 @@ class SAO(Stateless):
         value step's own forward pass (:meth:`Learner.first_value_step`), so no separate pass computes
         them. Returns the last value step's and the policy step's metrics."""
         batch = batch.to(learner.device)
-        metrics, values = self._critic_steps(learner, batch)
+        metrics, values = self.critic_steps(learner, batch)
         advantages = self.advantages(learner, batch, values)
         metrics |= learner.policy_step(batch, advantages, self.config.loss)
         act = batch.action_mask.bool()
         metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
         return metrics
 
-    def _critic_steps(self, learner: Learner, batch: Batch) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
+    def critic_steps(self, learner: Learner, batch: Batch) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
         """``ttur_k`` value steps on one target and one clipping anchor, both from the values before the
         first step (taken in that step's forward pass). Returns the metrics (with the explained
         variance of those values) and the values."""
@@ -81,7 +81,7 @@ class SAO(Stateless):
 
     def pretrain_critic(self, learner: Learner, batch: Batch) -> dict[str, float]:
         """The critic-only pretraining step (METHOD.md 1.3): :meth:`critic_steps`, no policy step."""
-        return self.critic_steps(learner, batch)
+        return self.critic_steps(learner, batch.to(learner.device))[0]
 
     def advantages(self, learner: Learner, batch: Batch, values: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """SAO's policy advantages [B, T] (METHOD.md 1.6-1.7): GAE over action tokens with reward R at the
@@ -110,16 +110,3 @@ class SAO(Stateless):
         _, returns = gae_action_tokens(token_rewards(batch.action_mask, batch.rewards), v, batch.action_mask,
                                        gamma=self.config.gamma, lam=1.0, bootstrap=bootstrap)
         return replace(batch, returns=returns, old_values=v)
-
-    def critic_steps(self, learner: Learner, batch: Batch) -> dict[str, float]:
-        """``ttur_k`` value steps on one batch with one target and one clipping anchor (the values
-        before them; or ``batch.returns`` / ``batch.old_values`` when set), plus the explained variance
-        of the values BEFORE them: ``value/explained_var = 1 - Var(R - V) / Var(R)`` over action tokens."""
-        batch = batch.to(learner.device)
-        if batch.returns is None or batch.old_values is None:
-            return self._critic_steps(learner, batch)[0]
-        act = batch.action_mask.bool()
-        metrics: dict[str, float] = {"value/explained_var": explained_variance(batch.old_values[act], batch.returns[act])}
-        for _ in range(self.config.ttur_k):
-            metrics |= learner.value_step(batch)
-        return metrics
