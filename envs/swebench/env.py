@@ -1,0 +1,322 @@
+"""The SWE-bench environment: one instance an episode, tools in the agent's container, the diff
+graded in a fresh one (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxClosedError, SandboxError, SandboxLimits
+
+from ..core import Message, TextEnv
+from ..errors import DatasetError, TaskError, did_you_mean
+from .grading import GradeResult, grade_patch
+from .images import ImageResolver, ResolvedImage, load_image_map
+from .instances import SWEInstance
+from .tools import NO_TOOL_CALL, SYSTEM_PROMPT, TOOLS, USER_TEMPLATE, ToolError, Workspace, _arguments
+from .workspace import TESTBED, prepare_workspace, take_diff
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Episode:
+    """The state of the current episode."""
+
+    baseline: str  # what the agent's diff is taken against (a commit, or a tree snapshot)
+    image: ResolvedImage
+    reset_s: float
+    steps: int = 0
+    format_errors: int = 0  # consecutive turns without a usable tool call
+
+
+def _default_limits(command_timeout_s: float) -> SandboxLimits:
+    return SandboxLimits(cpus=2.0, memory_mb=4096, pids=1024, network=False, output_limit_bytes=256_000,
+                         default_timeout_s=command_timeout_s)
+
+
+class SWEBenchEnv(TextEnv):
+    """Resolve a SWE-bench instance with ``bash``/``editor``/``submit``; reward 1.0 when resolved.
+
+    ``images``: instance id -> image (or a JSON file of that map); ``pull``: pull missing images,
+    giving up after ``pull_timeout_s`` without progress; ``build``: build with swebench's
+    builders as a last resort. ``max_steps``: turns before truncation; ``max_format_errors``:
+    consecutive turns without a usable tool call before the episode ends.
+    ``command_timeout_s``: per bash command; ``eval_timeout_s``: the test run at grading.
+    ``limits``: the agent's container (default 2 CPUs, 4 GiB, no network); ``grading_limits``:
+    the grader's (default: ``limits``). Grading without network keeps the agent's code from
+    fetching the fix while the tests run; swebench's eval scripts for some repositories re-run
+    ``pip install -e .``, which may need network for build dependencies, in which case pass
+    ``grading_limits`` with ``network=True``. ``label``: the ``io.sao.sandbox`` label value of
+    every container. ``hide_history``: remove every route to later commits (package docstring).
+    """
+
+    tools = TOOLS
+
+    def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
+                 images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
+                 pull_timeout_s: float = 30.0, build: bool = False, max_steps: int = 50, max_format_errors: int = 3,
+                 command_timeout_s: float = 120.0, eval_timeout_s: float = 1800.0,
+                 limits: SandboxLimits | None = None, grading_limits: SandboxLimits | None = None,
+                 observation_chars: int = 12_000,
+                 max_patch_bytes: int = 2_000_000, label: str = LABEL_VALUE, hide_history: bool = True,
+                 system_prompt: str | None = SYSTEM_PROMPT, docker_client: Any = None,
+                 render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        if not instances:
+            raise DatasetError(f"{name}: no instances")
+        problems = [f"{k} must be >= 1 (got {v})" for k, v in
+                    (("max_steps", max_steps), ("max_format_errors", max_format_errors)) if v < 1]
+        problems += [f"{k} must be > 0 (got {v})" for k, v in
+                     (("command_timeout_s", command_timeout_s), ("eval_timeout_s", eval_timeout_s),
+                      ("observation_chars", observation_chars), ("max_patch_bytes", max_patch_bytes)) if not v > 0]
+        if problems:
+            raise ValueError(f"{name}: " + "; ".join(problems))
+        self.name = name
+        self.instances = tuple(instances)
+        self._by_id = {inst.instance_id: inst for inst in self.instances}
+        if len(self._by_id) != len(self.instances):
+            raise DatasetError(f"{name}: duplicate instance ids")
+        self.image_map = load_image_map(images)
+        self.pull, self.pull_timeout_s, self.build = pull, pull_timeout_s, build
+        self.max_steps, self.max_format_errors = max_steps, max_format_errors
+        self.command_timeout_s, self.eval_timeout_s = command_timeout_s, eval_timeout_s
+        self.limits = limits or _default_limits(command_timeout_s)
+        self.grading_limits = grading_limits or self.limits
+        self.observation_chars, self.max_patch_bytes = observation_chars, max_patch_bytes
+        self.label, self.hide_history, self.system_prompt = label, hide_history, system_prompt
+        self._client = docker_client
+        self._own_client = docker_client is None
+        self._resolver: ImageResolver | None = None
+        self.instance: SWEInstance | None = None
+        self.workspace: Workspace | None = None
+        self._episode: _Episode | None = None
+
+    # -- TextEnv --------------------------------------------------------------------------------
+
+    def task_ids(self, limit: int | None = None) -> list[str]:
+        return [inst.instance_id for inst in self.instances[:limit]]
+
+    def grade_prediction(self, task_id: str, patch: str) -> dict[str, Any]:
+        """Grade a given patch (``--grade-only``): no agent container, only the fresh grading one.
+
+        Returns the same final info as an episode (``exit_status`` "grade_only"); a missing image or
+        a grading container that fails is an infrastructure error in ``error``, never a silent 0.
+        """
+        inst = self.get(task_id)
+        base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
+                "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
+        report = {"instance_id": inst.instance_id, "patch_is_None": not patch, "patch_exists": bool(patch.strip()),
+                  "patch_successfully_applied": False, "resolved": False}
+        try:
+            client = self._docker()
+            if self._resolver is None:
+                self._resolver = ImageResolver(client, images=self.image_map, pull=self.pull,
+                                               pull_timeout_s=self.pull_timeout_s, build=self.build)
+            image = self._resolver.resolve(inst)
+        except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
+            return {**base, "correct": False, "error": f"{type(exc).__name__}: {exc}",
+                    "report": {**report, "status": "error"}}
+        if not patch.strip():
+            return {**base, "correct": False, "error": None, "report": {**report, "status": "empty_patch"},
+                    "image": image.name, "image_source": image.source}
+        try:
+            result = grade_patch(inst, patch.encode("utf-8"), image.name, client=client, label=self.label,
+                                 limits=self.grading_limits, timeout_s=self.eval_timeout_s,
+                                 hide_history=self.hide_history)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("grading %s failed", inst.instance_id)
+            result = GradeResult(False, {**report, "status": "error"}, f"grading failed: {type(exc).__name__}: {exc}")
+        return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
+                "image": image.name, "image_source": image.source, "grading_log": result.log,
+                "timing": {"grading_s": round(result.duration_s, 3)}}
+
+    def scripted_policy(self, name: str, task_id: str):
+        """A model-free agent for task ``task_id``: ``gold`` applies the gold patch, ``empty`` submits nothing."""
+        from ..swe_policies import empty_policy, gold_policy
+
+        if name == "gold":
+            return gold_policy(self.get(task_id))
+        if name == "empty":
+            return empty_policy()
+        raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
+
+    def get(self, task_id: str) -> SWEInstance:
+        try:
+            return self._by_id[task_id]
+        except KeyError:
+            hint = did_you_mean(task_id, list(self._by_id))
+            raise TaskError(f"{self.name}: no instance {task_id!r}.{hint}") from None
+
+    def _begin(self, task_id: str | None) -> tuple[list[Message], dict[str, Any]]:
+        inst = self.get(task_id) if task_id is not None else \
+            self.instances[int(self.np_random.integers(len(self.instances)))]
+        self._end_workspace()
+        self._episode = None
+        started = time.monotonic()
+        client = self._docker()
+        if self._resolver is None:
+            self._resolver = ImageResolver(client, images=self.image_map, pull=self.pull,
+                                           pull_timeout_s=self.pull_timeout_s, build=self.build)
+        image = self._resolver.resolve(inst)
+        sb = DockerSandbox(image.name, limits=self.limits, label=self.label, client=client, workdir=TESTBED,
+                           name_prefix="sao-swe-")
+        try:
+            baseline = prepare_workspace(sb, inst.base_commit, hide_history=self.hide_history)
+        except BaseException:
+            sb.close()
+            raise
+        self.instance = inst
+        self.workspace = Workspace(sb, command_timeout_s=self.command_timeout_s,
+                                   observation_chars=self.observation_chars)
+        self._episode = _Episode(baseline, image, reset_s=time.monotonic() - started)
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": USER_TEMPLATE.format(
+            problem_statement=inst.problem_statement.strip(), repo=inst.repo)})
+        return messages, {**self._info(), "image": image.name, "image_source": image.source,
+                          "image_pulled": image.pulled, "base_commit": inst.base_commit}
+
+    def _respond(self, action: Message):
+        if self.workspace is None or self._episode is None or self.instance is None:
+            raise RuntimeError("no episode in progress (the last reset failed or the env was closed); call reset()")
+        ep = self._episode
+        ep.steps += 1
+        obs: list[Message] = []
+        invalid = action.get("invalid_tool_calls") or []
+        calls = action.get("tool_calls") or []
+        for problem in invalid:
+            obs.append({"role": "user", "content": f"A tool call in your reply could not be parsed: {problem}. "
+                                                   "Repeat it as a well-formed tool call."})
+        usable, submitted, failure = False, False, None
+        for call in calls:
+            call_id = str(call.get("id") or "")
+            if submitted or failure:
+                obs.append(_tool_message(call_id, "Not run: the episode has ended."))
+                continue
+            try:
+                content, ok, submitted = self._call(call)
+                usable = usable or ok
+            except SandboxError as exc:
+                failure = f"the agent's container failed: {exc}"
+                content = f"Error: {failure}"
+            obs.append(_tool_message(call_id, content))
+        if not calls and not invalid:
+            obs.append({"role": "user", "content": NO_TOOL_CALL})
+        ep.format_errors = 0 if usable else ep.format_errors + 1
+        if failure:
+            return obs, 0.0, False, True, self._finish("agent_container_error", failure)
+        if submitted:
+            info = self._finish("submitted")
+            return obs, float(info["correct"]), True, False, info
+        if ep.format_errors >= self.max_format_errors:
+            info = self._finish("format_errors")
+            return obs, float(info["correct"]), True, False, info
+        if ep.steps >= self.max_steps:
+            info = self._finish("step_limit")
+            return obs, float(info["correct"]), False, True, info
+        return obs, 0.0, False, False, self._info()
+
+    def close(self) -> None:
+        self._end_workspace()
+        if self._own_client and self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._client = None
+            self._resolver = None
+        super().close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            from sao.sandboxes.docker import connect
+
+            self._client = connect()
+        return self._client
+
+    def _info(self) -> dict[str, Any]:
+        assert self.instance is not None
+        return {"task_id": self.instance.instance_id, "instance_id": self.instance.instance_id,
+                "repo": self.instance.repo, "steps": self._episode.steps if self._episode else 0}
+
+    def _call(self, call: Mapping[str, Any]) -> tuple[str, bool, bool]:
+        """``(observation, usable, submitted)`` for one tool call; agent mistakes become observations."""
+        assert self.workspace is not None
+        name = call["function"]["name"]
+        tool = next((t for t in TOOLS if t["function"]["name"] == name), None)
+        if tool is None:
+            known = [t["function"]["name"] for t in TOOLS]
+            return (f"Error: unknown tool {name!r}.{did_you_mean(name, known)} Available tools: "
+                    f"{', '.join(known)}.", False, False)
+        try:
+            args = _arguments(call, tool)
+        except ToolError as exc:
+            return f"Error: {exc}", False, False
+        if name == "submit":
+            return "Submitted. Your changes will be graded by the project's tests.", True, True
+        try:
+            if name == "bash":
+                return self.workspace.bash(args["command"]), True, False
+            return self.workspace.editor(**args), True, False
+        except ToolError as exc:
+            return f"Error: {exc}", True, False
+        except SandboxClosedError:
+            raise
+        except SandboxError as exc:
+            # A file operation the container refused (a directory as a file, a device, ...) is the
+            # agent's mistake as long as the container still answers.
+            self.workspace.sb.run("true", timeout_s=30)
+            return f"Error: {exc}", True, False
+
+    def _finish(self, exit_status: str, error: str | None = None) -> dict[str, Any]:
+        """Take the diff, close the agent's container, grade; the final info."""
+        assert self.instance is not None and self.workspace is not None and self._episode is not None
+        ep, inst = self._episode, self.instance
+        patch: bytes | None = None
+        problem = ""
+        if error is None:
+            try:
+                patch, problem = take_diff(self.workspace.sb, ep.baseline, max_bytes=self.max_patch_bytes)
+            except SandboxError as exc:
+                error = f"the agent's container failed while taking the diff: {exc}"
+        self._end_workspace()
+        text = patch.decode("utf-8", errors="replace") if patch else ""
+        if error is not None or patch is None:
+            status = "error" if error is not None else problem.split(":", 1)[0]
+            report = {"instance_id": inst.instance_id, "patch_is_None": patch is None, "patch_exists": False,
+                      "patch_successfully_applied": False, "resolved": False, "status": status}
+            if problem:
+                report["detail"] = problem
+            result = GradeResult(False, report, error)
+        else:
+            try:
+                result = grade_patch(inst, patch, ep.image.name, client=self._docker(), label=self.label,
+                                     limits=self.grading_limits, timeout_s=self.eval_timeout_s,
+                                     hide_history=self.hide_history)
+            except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record why grading broke
+                log.exception("grading %s failed", inst.instance_id)
+                report = {"instance_id": inst.instance_id, "patch_is_None": False, "patch_exists": True,
+                          "patch_successfully_applied": False, "resolved": False, "status": "error"}
+                result = GradeResult(False, report, f"grading failed: {type(exc).__name__}: {exc}")
+        return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
+                "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
+                "image_source": ep.image.source, "grading_log": result.log,
+                "timing": {"reset_s": round(ep.reset_s, 3), "grading_s": round(result.duration_s, 3)}}
+
+    def _end_workspace(self) -> None:
+        if self.workspace is not None:
+            workspace, self.workspace = self.workspace, None
+            workspace.sb.close()
+
+
+def _tool_message(call_id: str, content: str) -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+

@@ -1,0 +1,185 @@
+"""SWE-bench grading of a diff in a fresh container, with swebench's eval scripts, log parsers and
+grading (not to be confused with :mod:`sao.envs.grading`, the math answers' grading)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
+
+from .images import docker_arch
+from .instances import SWEInstance, _log_parsers
+from .workspace import TESTBED, WorkspaceError, prepare_workspace, shell
+
+START_TEST_OUTPUT = ">>>>> Start Test Output"  # swebench.harness.constants, kept here to import swebench lazily
+END_TEST_OUTPUT = ">>>>> End Test Output"
+_HEREDOC = "EOF_114329324912"
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """The outcome of grading one diff. ``report`` is swebench's per-instance report plus ``status``."""
+
+    resolved: bool
+    report: dict[str, Any]
+    error: str | None = None
+    log: str = ""
+    duration_s: float = 0.0
+
+
+def patch_files(patch: str) -> tuple[list[str], list[str]]:
+    """``(existing, created)``: files a unified diff modifies/deletes, and files it creates."""
+    from unidiff import PatchSet
+
+    existing, created = [], []
+    for f in PatchSet(patch):
+        target = f.target_file[2:] if f.target_file.startswith("b/") else f.target_file
+        source = f.source_file[2:] if f.source_file.startswith("a/") else f.source_file
+        if f.source_file == "/dev/null":
+            created.append(target)
+        else:
+            existing.append(source)
+    return existing, created
+
+
+def _test_spec(inst: SWEInstance, eval_lines: list[str]) -> Any:
+    """A swebench ``TestSpec`` for the parsers, built without ``make_test_spec`` (which may go to the network)."""
+    from swebench.harness.constants import MAP_REPO_TO_EXT, MAP_REPO_VERSION_TO_SPECS
+    from swebench.harness.test_spec.test_spec import TestSpec
+
+    specs = MAP_REPO_VERSION_TO_SPECS.get(inst.repo, {}).get(inst.version, {})
+    return TestSpec(instance_id=inst.instance_id, repo=inst.repo, version=inst.version, repo_script_list=[],
+                    eval_script_list=eval_lines, env_script_list=[], arch=docker_arch(),
+                    FAIL_TO_PASS=list(inst.fail_to_pass), PASS_TO_PASS=list(inst.pass_to_pass),
+                    language=MAP_REPO_TO_EXT.get(inst.repo, "py"), docker_specs=specs.get("docker_specs", {}),
+                    namespace=None)
+
+
+def eval_script(inst: SWEInstance) -> tuple[str, Any, Any]:
+    """``(script, test_spec, parser)``: swebench's eval script and parser for known repositories; for
+    others the same steps with the row's ``test_cmd`` (plus the test ids) and its named parser."""
+    if inst.known_to_swebench:
+        from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+        from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+        from swebench.harness.test_spec.create_scripts import make_eval_script_list
+
+        specs = MAP_REPO_VERSION_TO_SPECS[inst.repo][inst.version]
+        lines = make_eval_script_list(inst.swebench_row(), specs, "testbed", TESTBED, inst.base_commit,
+                                      inst.test_patch)
+        parser = MAP_REPO_TO_PARSER[inst.repo]
+    else:
+        existing, _ = patch_files(inst.test_patch)
+        reset = (f"git checkout {inst.base_commit} -- {' '.join(shlex.quote(f) for f in existing)}"
+                 if existing else ": no test files to reset")
+        ids = " ".join(shlex.quote(t) for t in dict.fromkeys(inst.fail_to_pass + inst.pass_to_pass))
+        lines = [
+            f"cd {TESTBED}",
+            f"git config --global --add safe.directory {TESTBED}",
+            "git -c core.fileMode=false status",
+            reset,
+            f"git apply -v - <<'{_HEREDOC}'\n{inst.test_patch}\n{_HEREDOC}",
+            f": '{START_TEST_OUTPUT}'",
+            f"{inst.test_cmd} {ids}",
+            f": '{END_TEST_OUTPUT}'",
+            reset,
+        ]
+        parser = _log_parsers()[inst.log_parser or "parse_log_pytest"]
+    script = "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
+    return script, _test_spec(inst, lines), parser
+
+
+def grade_report(inst: SWEInstance, log_text: str, test_spec: Any, parser: Any) -> tuple[bool, dict[str, Any]]:
+    """swebench's grading of a test log: status map -> ``get_eval_tests_report`` -> resolution status."""
+    from swebench.harness.constants import FAIL_ONLY_REPOS, FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    # As swebench.harness.grading.get_logs_eval: parse between the markers, else the whole log.
+    section = log_text.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+    status_map = parser(section, test_spec) or parser(log_text, test_spec)
+    eval_type = EvalType.FAIL_ONLY if inst.repo in FAIL_ONLY_REPOS else EvalType.PASS_AND_FAIL
+    tests = get_eval_tests_report(status_map, {FAIL_TO_PASS: list(inst.fail_to_pass),
+                                               PASS_TO_PASS: list(inst.pass_to_pass)}, eval_type=eval_type)
+    resolution = get_resolution_status(tests)
+    return resolution == ResolvedStatus.FULL.value, {"resolution_status": resolution, "tests_status": tests}
+
+
+_APPLY_CMDS = ("git apply --verbose", "patch --batch --fuzz=5 -p1 -i")
+
+
+def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = None, label: str = LABEL_VALUE,
+                limits: SandboxLimits | None = None, timeout_s: float = 1800.0, hide_history: bool = True,
+                log_chars: int = 20_000) -> GradeResult:
+    """Grade ``patch`` (the agent's diff) in a fresh container of ``image``; see the package docstring.
+
+    ``hide_history`` removes the commits after ``base_commit`` from the grading container too: the
+    agent's code runs there (the tests import it), and could otherwise read the fix from the
+    repository's later history (``git log --all``, tags) while the tests run.
+    """
+    started = time.monotonic()
+    report: dict[str, Any] = {"instance_id": inst.instance_id, "patch_is_None": False,
+                              "patch_exists": bool(patch.strip()), "patch_successfully_applied": False,
+                              "resolved": False}
+
+    def done(status: str, error: str | None = None, log_text: str = "") -> GradeResult:
+        report["status"] = status
+        return GradeResult(report["resolved"], report, error, log_text[-log_chars:], time.monotonic() - started)
+
+    if not patch.strip():
+        return done("empty_patch")
+    try:
+        script, test_spec, parser = eval_script(inst)
+        existing, created = patch_files(inst.test_patch)
+    except Exception as exc:  # noqa: BLE001 - e.g. a test_patch unidiff cannot parse: the instance's fault
+        return done("error", f"cannot build the eval script for this instance: {type(exc).__name__}: {exc}")
+    try:
+        sb = DockerSandbox(image, limits=limits or SandboxLimits(), label=label, client=client, workdir=TESTBED,
+                           name_prefix="sao-swe-grade-")
+    except SandboxError as exc:
+        return done("error", f"the grading container did not start: {exc}")
+    try:
+        if hide_history:
+            try:
+                prepare_workspace(sb, inst.base_commit, hide_history=True)
+            except WorkspaceError as exc:
+                return done("error", f"cannot hide the later history in the grading container: {exc}")
+        sb.write_file("/tmp/.sao-agent.patch", patch)
+        outputs = []
+        for cmd in _APPLY_CMDS:
+            res = sb.run(f"{cmd} /tmp/.sao-agent.patch", timeout_s=300)
+            outputs.append(f"$ {cmd}\n{res.output.strip()}")
+            if res.ok:
+                report.update(patch_successfully_applied=True, applied_with=cmd)
+                break
+        if not report["patch_successfully_applied"]:
+            report["apply_output"] = "\n".join(outputs)[-4000:]
+            return done("patch_failed")
+        # Overwrite the agent's edits to the tests: reset what test_patch changes, remove what it creates.
+        prep = [f"git checkout -q {inst.base_commit} -- {' '.join(map(shlex.quote, existing))}" if existing else ":",
+                f"rm -rf -- {' '.join(map(shlex.quote, created))}" if created else ":",
+                f"git apply --check - <<'{_HEREDOC}'\n{inst.test_patch}\n{_HEREDOC}"]
+        res = sb.run(shell("set -e\n" + "\n".join(prep)), timeout_s=300)
+        if not res.ok:
+            return done("error", "test_patch does not apply to the repository once its test files are reset "
+                                 f"(a problem of the instance data): {res.output.strip()[-1000:]}")
+        sb.write_file("/sao_eval.sh", script, mode=0o755)
+        res = sb.run("bash /sao_eval.sh > /sao_eval.log 2>&1", timeout_s=timeout_s)
+        try:
+            log_text = sb.read_file("/sao_eval.log").decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            log_text = ""
+        if res.timed_out:
+            return done("error", f"the tests did not finish within eval_timeout_s={timeout_s:g} s", log_text)
+        if START_TEST_OUTPUT not in log_text or END_TEST_OUTPUT not in log_text:
+            return done("error", f"the test log lacks swebench's start/end markers (eval script exit "
+                                 f"{res.exit_code}); see info['grading_log']", log_text)
+        resolved, graded = grade_report(inst, log_text, test_spec, parser)
+        report.update(graded, resolved=resolved)
+        return done("resolved" if resolved else "unresolved", None, log_text)
+    except SandboxError as exc:
+        return done("error", f"the grading container failed: {exc}")
+    finally:
+        sb.close()
+
