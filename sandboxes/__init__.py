@@ -4,7 +4,9 @@ Everything implements the small :class:`Sandbox` protocol (``run``, ``read_file`
 ``write_file``, ``list_dir``, ``close``) and is interchangeable; commands return an
 :class:`ExecResult` (a timeout is a result, not an exception), resources are bounded by
 :class:`SandboxLimits`, and :class:`SandboxPool` hands out fresh sandboxes to concurrent
-episodes. The error model is written in :mod:`sao.sandboxes.errors`.
+episodes. The error model is written in :mod:`sao.sandboxes.errors`. :func:`build_swe_image`
+builds a SWE-bench-style instance image offline from a local repository and wheels
+(``sao-sandbox build-swe-image``).
 
 This package is a leaf: it imports nothing else of ``sao``.
 """
@@ -22,10 +24,11 @@ from .errors import (
 from .fake import FakeSandbox, FakeSandboxFactory
 from .local import LocalSandbox, bwrap_usable
 from .pool import SandboxPool
+from .swe_image import ImageBuild, SWEImageSpec, build_swe_image
 
 __all__ = [
     "BASE_IMAGE", "LABEL_KEY", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
-    "ExecResult", "FakeSandbox", "FakeSandboxFactory", "LocalSandbox", "Sandbox", "SandboxClosedError",
-    "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError", "bwrap_usable",
-    "ensure_base_image", "gc",
+    "ExecResult", "FakeSandbox", "FakeSandboxFactory", "ImageBuild", "LocalSandbox", "Sandbox", "SandboxClosedError",
+    "SWEImageSpec", "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError",
+    "build_swe_image", "bwrap_usable", "ensure_base_image", "gc",
 ]
