@@ -81,7 +81,16 @@ from .factories import (
     swe_bench_verified,
     swe_local,
 )
-from .grading import END_TEST_OUTPUT, START_TEST_OUTPUT, GradeResult, eval_script, grade_patch, grade_report, patch_files
+from .grading import (
+    END_TEST_OUTPUT,
+    START_TEST_OUTPUT,
+    GradeResult,
+    eval_script,
+    grade_patch,
+    grade_report,
+    instance_report,
+    patch_files,
+)
 from .images import (
     ImageResolver,
     InstanceImageError,
@@ -124,7 +133,7 @@ __all__ = [
     "TESTBED", "WorkspaceError", "prepare_workspace", "shell", "take_diff",
     # grading
     "END_TEST_OUTPUT", "START_TEST_OUTPUT", "GradeResult", "eval_script", "grade_patch", "grade_report",
-    "patch_files",
+    "instance_report", "patch_files",
     # tools
     "BASH_TOOL", "EDITOR_TOOL", "MAX_EDITOR_BYTES", "NO_TOOL_CALL", "SUBMIT_TOOL", "SYSTEM_PROMPT", "TOOLS",
     "USER_TEMPLATE", "ToolError", "Workspace", "clip",

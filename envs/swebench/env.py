@@ -14,7 +14,7 @@ from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxClosedError, Sandbo
 
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError, did_you_mean
-from .grading import GradeResult, grade_patch
+from .grading import GradeResult, grade_patch, instance_report
 from .images import ImageResolver, ResolvedImage, load_image_map
 from .instances import SWEInstance
 from .tools import NO_TOOL_CALL, SYSTEM_PROMPT, TOOLS, USER_TEMPLATE, ToolError, Workspace, _arguments
@@ -110,8 +110,7 @@ class SWEBenchEnv(TextEnv):
         inst = self.get(task_id)
         base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
                 "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
-        report = {"instance_id": inst.instance_id, "patch_is_None": not patch, "patch_exists": bool(patch.strip()),
-                  "patch_successfully_applied": False, "resolved": False}
+        flags = {"patch_is_none": not patch, "patch_exists": bool(patch.strip())}
         try:
             client = self._docker()
             if self._resolver is None:
@@ -120,17 +119,11 @@ class SWEBenchEnv(TextEnv):
             image = self._resolver.resolve(inst)
         except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
             return {**base, "correct": False, "error": f"{type(exc).__name__}: {exc}",
-                    "report": {**report, "status": "error"}}
+                    "report": instance_report(inst.instance_id, "error", **flags)}
         if not patch.strip():
-            return {**base, "correct": False, "error": None, "report": {**report, "status": "empty_patch"},
+            return {**base, "correct": False, "error": None, "report": instance_report(inst.instance_id, "empty_patch", **flags),
                     "image": image.name, "image_source": image.source}
-        try:
-            result = grade_patch(inst, patch.encode("utf-8"), image.name, client=client, label=self.label,
-                                 limits=self.grading_limits, timeout_s=self.eval_timeout_s,
-                                 hide_history=self.hide_history)
-        except Exception as exc:  # noqa: BLE001
-            log.exception("grading %s failed", inst.instance_id)
-            result = GradeResult(False, {**report, "status": "error"}, f"grading failed: {type(exc).__name__}: {exc}")
+        result = self.grade_diff(inst, patch.encode("utf-8"), image.name)
         return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
                 "image": image.name, "image_source": image.source, "grading_log": result.log,
                 "timing": {"grading_s": round(result.duration_s, 3)}}
@@ -291,25 +284,27 @@ class SWEBenchEnv(TextEnv):
         text = patch.decode("utf-8", errors="replace") if patch else ""
         if error is not None or patch is None:
             status = "error" if error is not None else problem.split(":", 1)[0]
-            report = {"instance_id": inst.instance_id, "patch_is_None": patch is None, "patch_exists": False,
-                      "patch_successfully_applied": False, "resolved": False, "status": status}
-            if problem:
-                report["detail"] = problem
+            report = instance_report(inst.instance_id, status, patch_is_none=patch is None, patch_exists=False,
+                                     detail=problem)
             result = GradeResult(False, report, error)
         else:
-            try:
-                result = grade_patch(inst, patch, ep.image.name, client=self._docker(), label=self.label,
-                                     limits=self.grading_limits, timeout_s=self.eval_timeout_s,
-                                     hide_history=self.hide_history)
-            except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record why grading broke
-                log.exception("grading %s failed", inst.instance_id)
-                report = {"instance_id": inst.instance_id, "patch_is_None": False, "patch_exists": True,
-                          "patch_successfully_applied": False, "resolved": False, "status": "error"}
-                result = GradeResult(False, report, f"grading failed: {type(exc).__name__}: {exc}")
+            result = self.grade_diff(inst, patch, ep.image.name)
         return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
                 "image_source": ep.image.source, "grading_log": result.log,
                 "timing": {"reset_s": round(ep.reset_s, 3), "grading_s": round(result.duration_s, 3)}}
+
+    def grade_diff(self, inst: SWEInstance, patch: bytes, image: str) -> GradeResult:
+        """Grade a non-empty ``patch`` in a fresh container of ``image`` with this environment's grading
+        settings; an unexpected failure is recorded as an infrastructure error (a bad rollout is data)."""
+        try:
+            return grade_patch(inst, patch, image, client=self._docker(), label=self.label,
+                               limits=self.grading_limits, timeout_s=self.eval_timeout_s,
+                               hide_history=self.hide_history)
+        except Exception as exc:  # noqa: BLE001 - record why grading broke
+            log.exception("grading %s failed", inst.instance_id)
+            report = instance_report(inst.instance_id, "error", patch_exists=True)
+            return GradeResult(False, report, f"grading failed: {type(exc).__name__}: {exc}")
 
     def _end_workspace(self) -> None:
         if self.workspace is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,31 @@ class GradeResult:
     error: str | None = None
     log: str = ""
     duration_s: float = 0.0
+
+
+def instance_report(instance_id: str, status: str, *, patch_exists: bool, patch_is_none: bool = False,
+                    resolved: bool = False, applied_with: str | None = None, apply_output: str | None = None,
+                    graded: Mapping[str, Any] | None = None, detail: str | None = None) -> dict[str, Any]:
+    """The grading report of one instance (``info["report"]``); every path that grades, or gives up, makes it here.
+
+    swebench's per-instance keys (``instance_id``, ``patch_is_None``, ``patch_exists``,
+    ``patch_successfully_applied``, ``resolved``), then what the path learned: ``applied_with``
+    (the command that applied the diff), ``apply_output`` (why none did), ``graded`` (from
+    :func:`grade_report`: ``resolution_status``, ``tests_status``), then ``status`` (``resolved``,
+    ``unresolved``, ``empty_patch``, ``patch_failed``, ``patch_too_large``, ``diff_failed`` or
+    ``error``) and ``detail`` (why no diff could be taken).
+    """
+    report: dict[str, Any] = {"instance_id": instance_id, "patch_is_None": patch_is_none, "patch_exists": patch_exists,
+                              "patch_successfully_applied": applied_with is not None, "resolved": resolved}
+    if applied_with is not None:
+        report["applied_with"] = applied_with
+    if apply_output is not None:
+        report["apply_output"] = apply_output
+    report.update(graded or {})
+    report["status"] = status
+    if detail:
+        report["detail"] = detail
+    return report
 
 
 def patch_files(patch: str) -> tuple[list[str], list[str]]:
@@ -119,13 +145,14 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
     repository's later history (``git log --all``, tags) while the tests run.
     """
     started = time.monotonic()
-    report: dict[str, Any] = {"instance_id": inst.instance_id, "patch_is_None": False,
-                              "patch_exists": bool(patch.strip()), "patch_successfully_applied": False,
-                              "resolved": False}
+    applied_with: str | None = None  # the command that applied the diff
+    apply_output: str | None = None  # what the commands said when none did
 
-    def done(status: str, error: str | None = None, log_text: str = "") -> GradeResult:
-        report["status"] = status
-        return GradeResult(report["resolved"], report, error, log_text[-log_chars:], time.monotonic() - started)
+    def done(status: str, error: str | None = None, log_text: str = "", graded: Mapping[str, Any] | None = None,
+             resolved: bool = False) -> GradeResult:
+        report = instance_report(inst.instance_id, status, patch_exists=bool(patch.strip()), resolved=resolved,
+                                 applied_with=applied_with, apply_output=apply_output, graded=graded)
+        return GradeResult(resolved, report, error, log_text[-log_chars:], time.monotonic() - started)
 
     if not patch.strip():
         return done("empty_patch")
@@ -151,10 +178,10 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
             res = sb.run(f"{cmd} /tmp/.sao-agent.patch", timeout_s=300)
             outputs.append(f"$ {cmd}\n{res.output.strip()}")
             if res.ok:
-                report.update(patch_successfully_applied=True, applied_with=cmd)
+                applied_with = cmd
                 break
-        if not report["patch_successfully_applied"]:
-            report["apply_output"] = "\n".join(outputs)[-4000:]
+        if applied_with is None:
+            apply_output = "\n".join(outputs)[-4000:]
             return done("patch_failed")
         # Overwrite the agent's edits to the tests: reset what test_patch changes, remove what it creates.
         prep = [f"git checkout -q {inst.base_commit} -- {' '.join(map(shlex.quote, existing))}" if existing else ":",
@@ -176,8 +203,7 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
             return done("error", f"the test log lacks swebench's start/end markers (eval script exit "
                                  f"{res.exit_code}); see info['grading_log']", log_text)
         resolved, graded = grade_report(inst, log_text, test_spec, parser)
-        report.update(graded, resolved=resolved)
-        return done("resolved" if resolved else "unresolved", None, log_text)
+        return done("resolved" if resolved else "unresolved", None, log_text, graded, resolved)
     except SandboxError as exc:
         return done("error", f"the grading container failed: {exc}")
     finally:
