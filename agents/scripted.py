@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 
-from .records import Trajectory, jsonable
+from sao.envs.capabilities import Policy, prediction_grader
 
-Policy = Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
+from .records import Trajectory, jsonable
 
 
 async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, task_id: str, sample: int = 0,
@@ -54,11 +53,15 @@ async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, t
 
 
 async def run_graded_patch(env: gym.Env, patch: str, *, env_name: str, task_id: str) -> Trajectory:
-    """Grade ``patch`` for ``task_id`` with the environment's ``grade_prediction`` (no agent runs)."""
+    """Grade ``patch`` for ``task_id`` with the environment's
+    :class:`~sao.envs.capabilities.PredictionGrader` (no agent runs)."""
     t0 = time.monotonic()
     status, error = "ok", None
     try:
-        info = await asyncio.to_thread(env.unwrapped.grade_prediction, task_id, patch)
+        grade = prediction_grader(env)
+        if grade is None:
+            raise TypeError(f"{type(env.unwrapped).__name__} cannot grade predictions")
+        info = await asyncio.to_thread(grade, env.unwrapped, task_id, patch)
     except Exception as exc:  # noqa: BLE001
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         info = {"correct": False, "answer": None, "error": error}

@@ -27,6 +27,7 @@ import numpy as np
 
 from sao.sandboxes import BASE_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits
 
+from .capabilities import Policy
 from .core import Message, TextEnv
 from .datasets import load_rows, require_fields
 from .errors import DatasetError, TaskError, did_you_mean
@@ -97,8 +98,19 @@ class TaskList:
         return self._tasks[int(rng.integers(len(self._tasks)))]
 
 
+def baseline_policy(env: MathEnv, name: str, task_id: str) -> Policy:
+    """A model-free agent (the math environments' :class:`~sao.envs.capabilities.ScriptedPolicies`):
+    ``gold`` answers the reference in ``\\boxed{}``, ``empty`` answers nothing."""
+    if name not in ("gold", "empty"):
+        raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
+    text = f"\\boxed{{{env.tasks.get(task_id).answer}}}" if name == "gold" else ""
+    return lambda observation, info: {"role": "assistant", "content": text}
+
+
 class MathEnv(TextEnv):
     """Answer a math question; reward 1 if the final answer is equivalent to the reference."""
+
+    scripted_policies = staticmethod(baseline_policy)  # `--agent gold|empty` (sao.envs.capabilities)
 
     def __init__(
         self,
@@ -176,14 +188,6 @@ class MathEnv(TextEnv):
             hint = f"Your answer {pred} is not correct. Check your work and give a final answer within \\boxed{{}}."
         info = {"task_id": self.task.task_id, "family": self.task.family, "answer": pred}
         return [{"role": "user", "content": hint}], 0.0, False, False, info
-
-
-    def scripted_policy(self, name: str, task_id: str):
-        """A model-free agent: ``gold`` answers the reference in ``\\boxed{}``, ``empty`` answers nothing."""
-        if name not in ("gold", "empty"):
-            raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
-        text = f"\\boxed{{{self.tasks.get(task_id).answer}}}" if name == "gold" else ""
-        return lambda observation, info: {"role": "assistant", "content": text}
 
     # -- the python tool ---------------------------------------------------------------------
     def _run_tools(self, action: Message) -> list[Message]:

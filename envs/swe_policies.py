@@ -9,6 +9,9 @@ so that the whole path (container, tools, diff, grading) is exercised:
 * :func:`empty_policy` submits at once: it must not be resolved.
 * :func:`scripted_policy` makes any list of tool calls, then submits.
 
+:func:`baseline_policy` is the SWE environments' :class:`~sao.envs.capabilities.ScriptedPolicies`
+(``--agent gold|empty``).
+
 :func:`play` runs one episode with a policy and returns the final ``info``.
 """
 
@@ -16,12 +19,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .capabilities import Policy
 from .core import Message
-
-Policy = Callable[[list[Message], dict[str, Any]], Message]
 
 GOLD_PATCH_PATH = "/tmp/gold.patch"
 
@@ -70,6 +72,16 @@ def gold_policy(instance: Any) -> ScriptedPolicy:
 def empty_policy() -> ScriptedPolicy:
     """Submit without changing anything."""
     return ScriptedPolicy([])
+
+
+def baseline_policy(env: Any, name: str, task_id: str) -> ScriptedPolicy:
+    """A model-free agent for task ``task_id`` of a SWE environment (its ``get``): ``gold`` applies the
+    gold patch, ``empty`` submits nothing."""
+    if name == "gold":
+        return gold_policy(env.get(task_id))
+    if name == "empty":
+        return empty_policy()
+    raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
 
 
 def play(env: Any, policy: Policy, *, task_id: str | None = None, seed: int | None = None,

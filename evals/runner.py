@@ -28,6 +28,7 @@ from sao.agents.endpoint import Endpoint, open_endpoint
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
+from sao.envs.capabilities import prediction_grader, scripted_policies
 
 from .metrics import mean_pass_at_k
 
@@ -104,10 +105,10 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         if limit is None and getattr(env.unwrapped, "endless", False):
             limit = ENDLESS_DEFAULT_LIMIT
         ids = env.unwrapped.task_ids(limit)
-        if cfg.agent != "llm" and not callable(getattr(env.unwrapped, "scripted_policy", None)):
+        if cfg.agent != "llm" and scripted_policies(env) is None:
             raise EvalError(f"{entry.name} has no scripted agents; use --agent llm")
         if cfg.grade_only is not None:
-            if not callable(getattr(env.unwrapped, "grade_prediction", None)):
+            if prediction_grader(env) is None:
                 raise EvalError(f"{entry.name} cannot grade predictions (--grade-only is for SWE benchmarks)")
             wanted = load_predictions(cfg.grade_only)
             known = set(env.unwrapped.task_ids())
@@ -188,7 +189,10 @@ async def run_pairs(
         if predictions is not None:
             return await run_graded_patch(env, predictions[task_id], env_name=env_name, task_id=task_id)
         if client is None:
-            policy = env.unwrapped.scripted_policy(cfg.agent, task_id)
+            policies = scripted_policies(env)
+            if policies is None:  # plan() checked the benchmark's environment already
+                raise EvalError(f"{env_name} has no scripted agents; use --agent llm")
+            policy = policies(env.unwrapped, cfg.agent, task_id)
             return await run_scripted_episode(env, policy, env_name=env_name, task_id=task_id, sample=sample,
                                               seed=seed, max_turns=cfg.max_turns)
         tools = tuple(getattr(env.unwrapped, "tools", ()))

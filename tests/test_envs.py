@@ -11,6 +11,7 @@ import pytest
 
 import sao.envs as E
 from sao.envs.arithmetic import ArithmeticTasks, make_task
+from sao.envs.capabilities import prediction_grader, scripted_policies
 from sao.envs.datasets import load_rows
 from tests.conftest import SHARED_DATA, shared_file
 
@@ -104,6 +105,26 @@ def test_feedback_turns_make_a_multi_turn_episode():
     assert not terminated and reward == 0.0 and "could not find a final answer" in obs[0]["content"]
     obs, reward, terminated, _, info = env.step(f"\\boxed{{{gold}}}")
     assert terminated and reward == 1.0 and info["attempts"] == 2
+
+
+def test_capabilities_are_found_on_the_env_class():
+    # Math: gold answers the reference (graded 1.0), empty answers nothing; no prediction grading.
+    env = E.make("arithmetic")
+    policies = scripted_policies(env)
+    assert policies is not None and prediction_grader(env) is None
+    obs, info = env.reset(options={"task_id": "add-d1-s0-i0"})
+    _, reward, terminated, _, _ = env.step(policies(env.unwrapped, "gold", "add-d1-s0-i0")(obs, info))
+    assert terminated and reward == 1.0
+    assert policies(env.unwrapped, "empty", "add-d1-s0-i0")(obs, info)["content"] == ""
+    with pytest.raises(ValueError, match="'gold' and 'empty'"):
+        policies(env.unwrapped, "golden", "add-d1-s0-i0")
+    # SWE: both, declared on the class (the instances need Docker; see test_swebench_env/test_eval_swe).
+    from sao.envs.swebench import SWEBenchEnv, grade_prediction
+    from sao.envs.swe_policies import baseline_policy
+
+    assert SWEBenchEnv.scripted_policies is baseline_policy and SWEBenchEnv.prediction_grader is grade_prediction
+    # An environment that declares nothing offers nothing.
+    assert scripted_policies(gym.make("CartPole-v1")) is None and prediction_grader(gym.make("CartPole-v1")) is None
 
 
 def test_malformed_action_is_an_error_not_a_reward():

@@ -87,6 +87,7 @@ from .grading import (
     GradeResult,
     eval_script,
     grade_patch,
+    grade_prediction,
     grade_report,
     instance_report,
     patch_files,
@@ -133,7 +134,7 @@ __all__ = [
     "TESTBED", "WorkspaceError", "prepare_workspace", "shell", "take_diff",
     # grading
     "END_TEST_OUTPUT", "START_TEST_OUTPUT", "GradeResult", "eval_script", "grade_patch", "grade_report",
-    "instance_report", "patch_files",
+    "grade_prediction", "instance_report", "patch_files",
     # tools
     "BASH_TOOL", "EDITOR_TOOL", "MAX_EDITOR_BYTES", "NO_TOOL_CALL", "SUBMIT_TOOL", "SYSTEM_PROMPT", "TOOLS",
     "USER_TEMPLATE", "ToolError", "Workspace", "clip",

@@ -14,7 +14,8 @@ from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxClosedError, Sandbo
 
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError, did_you_mean
-from .grading import GradeResult, grade_patch, instance_report
+from ..swe_policies import baseline_policy
+from .grading import GradeResult, grade_patch, grade_prediction, instance_report
 from .images import ImageResolver, ResolvedImage, load_image_map
 from .instances import SWEInstance
 from .tools import NO_TOOL_CALL, SYSTEM_PROMPT, TOOLS, USER_TEMPLATE, ToolError, Workspace, _arguments
@@ -56,6 +57,9 @@ class SWEBenchEnv(TextEnv):
     """
 
     tools = TOOLS
+    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty` and `--grade-only`.
+    scripted_policies = staticmethod(baseline_policy)
+    prediction_grader = staticmethod(grade_prediction)
 
     def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
@@ -101,43 +105,6 @@ class SWEBenchEnv(TextEnv):
     def task_ids(self, limit: int | None = None) -> list[str]:
         return [inst.instance_id for inst in self.instances[:limit]]
 
-    def grade_prediction(self, task_id: str, patch: str) -> dict[str, Any]:
-        """Grade a given patch (``--grade-only``): no agent container, only the fresh grading one.
-
-        Returns the same final info as an episode (``exit_status`` "grade_only"); a missing image or
-        a grading container that fails is an infrastructure error in ``error``, never a silent 0.
-        """
-        inst = self.get(task_id)
-        base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
-                "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
-        flags = {"patch_is_none": not patch, "patch_exists": bool(patch.strip())}
-        try:
-            client = self._docker()
-            if self._resolver is None:
-                self._resolver = ImageResolver(client, images=self.image_map, pull=self.pull,
-                                               pull_timeout_s=self.pull_timeout_s, build=self.build)
-            image = self._resolver.resolve(inst)
-        except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
-            return {**base, "correct": False, "error": f"{type(exc).__name__}: {exc}",
-                    "report": instance_report(inst.instance_id, "error", **flags)}
-        if not patch.strip():
-            return {**base, "correct": False, "error": None, "report": instance_report(inst.instance_id, "empty_patch", **flags),
-                    "image": image.name, "image_source": image.source}
-        result = self.grade_diff(inst, patch.encode("utf-8"), image.name)
-        return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
-                "image": image.name, "image_source": image.source, "grading_log": result.log,
-                "timing": {"grading_s": round(result.duration_s, 3)}}
-
-    def scripted_policy(self, name: str, task_id: str):
-        """A model-free agent for task ``task_id``: ``gold`` applies the gold patch, ``empty`` submits nothing."""
-        from ..swe_policies import empty_policy, gold_policy
-
-        if name == "gold":
-            return gold_policy(self.get(task_id))
-        if name == "empty":
-            return empty_policy()
-        raise ValueError(f"unknown scripted agent {name!r}; this environment has 'gold' and 'empty'")
-
     def get(self, task_id: str) -> SWEInstance:
         try:
             return self._by_id[task_id]
@@ -151,12 +118,8 @@ class SWEBenchEnv(TextEnv):
         self._end_workspace()
         self._episode = None
         started = time.monotonic()
-        client = self._docker()
-        if self._resolver is None:
-            self._resolver = ImageResolver(client, images=self.image_map, pull=self.pull,
-                                           pull_timeout_s=self.pull_timeout_s, build=self.build)
-        image = self._resolver.resolve(inst)
-        sb = DockerSandbox(image.name, limits=self.limits, label=self.label, client=client, workdir=TESTBED,
+        image = self.resolve_image(inst)
+        sb = DockerSandbox(image.name, limits=self.limits, label=self.label, client=self._docker(), workdir=TESTBED,
                            name_prefix="sao-swe-")
         try:
             baseline = prepare_workspace(sb, inst.base_commit, hide_history=self.hide_history)
@@ -293,6 +256,13 @@ class SWEBenchEnv(TextEnv):
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
                 "image_source": ep.image.source, "grading_log": result.log,
                 "timing": {"reset_s": round(ep.reset_s, 3), "grading_s": round(result.duration_s, 3)}}
+
+    def resolve_image(self, inst: SWEInstance) -> ResolvedImage:
+        """The image of ``inst`` (see :class:`ImageResolver`); raises :class:`InstanceImageError` when none works."""
+        if self._resolver is None:
+            self._resolver = ImageResolver(self._docker(), images=self.image_map, pull=self.pull,
+                                           pull_timeout_s=self.pull_timeout_s, build=self.build)
+        return self._resolver.resolve(inst)
 
     def grade_diff(self, inst: SWEInstance, patch: bytes, image: str) -> GradeResult:
         """Grade a non-empty ``patch`` in a fresh container of ``image`` with this environment's grading

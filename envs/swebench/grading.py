@@ -7,13 +7,16 @@ import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
 
 from .images import docker_arch
 from .instances import SWEInstance, _log_parsers
 from .workspace import TESTBED, WorkspaceError, prepare_workspace, shell
+
+if TYPE_CHECKING:
+    from .env import SWEBenchEnv
 
 START_TEST_OUTPUT = ">>>>> Start Test Output"  # swebench.harness.constants, kept here to import swebench lazily
 END_TEST_OUTPUT = ">>>>> End Test Output"
@@ -209,3 +212,28 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
     finally:
         sb.close()
 
+
+def grade_prediction(env: SWEBenchEnv, task_id: str, patch: str) -> dict[str, Any]:
+    """Grade a given patch (``--grade-only``): no agent container, only the fresh grading one.
+
+    The SWE environments' :class:`~sao.envs.capabilities.PredictionGrader`. Returns the same final
+    info as an episode (``exit_status`` "grade_only"); a missing image or a grading container that
+    fails is an infrastructure error in ``error``, never a silent 0.
+    """
+    inst = env.get(task_id)
+    base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
+            "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
+    flags = {"patch_is_none": not patch, "patch_exists": bool(patch.strip())}
+    try:
+        image = env.resolve_image(inst)
+    except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
+        return {**base, "correct": False, "error": f"{type(exc).__name__}: {exc}",
+                "report": instance_report(inst.instance_id, "error", **flags)}
+    if not patch.strip():
+        return {**base, "correct": False, "error": None,
+                "report": instance_report(inst.instance_id, "empty_patch", **flags), "image": image.name,
+                "image_source": image.source}
+    result = env.grade_diff(inst, patch.encode("utf-8"), image.name)
+    return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
+            "image": image.name, "image_source": image.source, "grading_log": result.log,
+            "timing": {"grading_s": round(result.duration_s, 3)}}

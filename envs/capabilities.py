@@ -1,0 +1,55 @@
+"""What an environment offers evaluations besides episodes: scripted agents, and grading of given predictions.
+
+Each is a small callable Protocol that takes the (unwrapped) environment, so that the logic lives
+beside the task it knows (``swe_policies``, ``swebench.grading``, ``math_envs``) and not in the
+environment class. An environment class declares what it offers as class attributes::
+
+    class MyEnv(TextEnv):
+        scripted_policies = staticmethod(my_baseline_policy)    # a ScriptedPolicies
+        prediction_grader = staticmethod(my_grade_prediction)   # a PredictionGrader
+
+(``staticmethod``, so that the class attribute stays a plain function.) Evaluations find them
+with :func:`scripted_policies` and :func:`prediction_grader`, which give None for an environment
+that does not offer them; nothing is registered at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import gymnasium as gym
+
+from .core import Message
+
+Policy = Callable[[list[Message], dict[str, Any]], Message]
+"""``(observation_messages, info) -> assistant message``: an agent without a model."""
+
+
+class ScriptedPolicies(Protocol):
+    """``(env, name, task_id) -> Policy``: the model-free agent ``name`` (``gold``: the reference
+    solution, ``empty``: nothing) for task ``task_id``; an unknown name raises ``ValueError``."""
+
+    def __call__(self, env: Any, name: str, task_id: str) -> Policy: ...
+
+
+class PredictionGrader(Protocol):
+    """``(env, task_id, patch) -> info``: grade a given prediction without running an agent; the
+    final ``info`` an episode would end with (``correct``, ``answer``, ``error``, ...)."""
+
+    def __call__(self, env: Any, task_id: str, patch: str) -> dict[str, Any]: ...
+
+
+def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
+    """The scripted agents ``env``'s class offers, or None."""
+    return _declared(env, "scripted_policies")
+
+
+def prediction_grader(env: gym.Env) -> PredictionGrader | None:
+    """How ``env``'s class grades a given prediction (``--grade-only``), or None."""
+    return _declared(env, "prediction_grader")
+
+
+def _declared(env: gym.Env, name: str) -> Any:
+    found = getattr(type(env.unwrapped), name, None)
+    return found if callable(found) else None
