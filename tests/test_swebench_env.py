@@ -1,7 +1,7 @@
 """The SWE-bench environment against a real Docker daemon, the local SWE tasks and swebench's grading.
 
 Skipped with a reason when no daemon answers, unless ``SAO_REQUIRE_DOCKER=1`` (CI) makes that a
-failure. The local tasks (tests/swe_tasks/build_tasks.py) are built on first use into the
+failure. The local tasks (sao.envs.swebench.local_tasks) are built on first use into the
 swe-local cache folder (about 11 s on 2 cores; ``SAO_SWE_LOCAL_DIR`` moves it) and are cached
 afterwards. Every container made here carries the label ``io.sao.sandbox=<this module's value>``;
 the module checks at the end that none is left.
@@ -27,13 +27,13 @@ from sao.envs.swebench import (
     grade_report,
     instances_from_rows,
     load_instances,
+    local_tasks,
     local_tasks_dir,
     swe_local,
     swebench_image_names,
 )
 from sao.sandboxes import LABEL_KEY, gc
 from tests.conftest import shared_file
-from tests.swe_tasks import build_tasks
 
 LABEL = f"pytest-swe-{uuid.uuid4().hex[:10]}"
 
@@ -56,7 +56,7 @@ def containers(client) -> list:
 
 @pytest.fixture(scope="module")
 def tasks_file(client) -> Path:
-    return build_tasks.build(local_tasks_dir(), label=LABEL, client=client)
+    return local_tasks.build(local_tasks_dir(), label=LABEL, client=client)
 
 
 @pytest.fixture(scope="module")
@@ -406,7 +406,7 @@ def test_step_limit_truncates_and_grades_the_diff(tasks_file, rows):
 def test_swe_local_defaults_to_the_built_tasks(tasks_file):
     # Without `data` the factory runs the builder (cached) into local_tasks_dir(), as tasks_file was.
     with swe_local(label=LABEL) as env:
-        assert env.task_ids() == [f"sao-local__{t.name}-1" for t in build_tasks.TASKS]
+        assert env.task_ids() == [f"sao-local__{t.name}-1" for t in local_tasks.TASKS]
         assert len(env.task_ids()) >= 5
 
 

@@ -72,7 +72,6 @@ Episode ends
 
 from .env import SWEBenchEnv
 from .factories import (
-    BUILDER_ENV,
     LOCAL_DIR_ENV,
     build_local_tasks,
     local_tasks_dir,
@@ -139,6 +138,6 @@ __all__ = [
     "BASH_TOOL", "EDITOR_TOOL", "MAX_EDITOR_BYTES", "NO_TOOL_CALL", "SUBMIT_TOOL", "SYSTEM_PROMPT", "TOOLS",
     "USER_TEMPLATE", "ToolError", "Workspace", "clip",
     # the environment and its factories
-    "SWEBenchEnv", "BUILDER_ENV", "LOCAL_DIR_ENV", "build_local_tasks", "local_tasks_dir", "swe_bench_full",
+    "SWEBenchEnv", "LOCAL_DIR_ENV", "build_local_tasks", "local_tasks_dir", "swe_bench_full",
     "swe_bench_lite", "swe_bench_verified", "swe_local",
 ]

@@ -4,14 +4,12 @@ local tasks."""
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from sao.sandboxes import SandboxLimits
 
-from ..errors import DatasetError
 from .env import SWEBenchEnv
 from .instances import HUB_SOURCES, load_instances
 
@@ -38,7 +36,6 @@ def swe_bench_full(data: str | os.PathLike | None = None, split: str = "test", *
 
 
 LOCAL_DIR_ENV = "SAO_SWE_LOCAL_DIR"
-BUILDER_ENV = "SAO_SWE_TASKS_BUILDER"
 
 
 def local_tasks_dir() -> Path:
@@ -50,28 +47,10 @@ def local_tasks_dir() -> Path:
 
 
 def build_local_tasks(out_dir: str | os.PathLike | None = None, **kwargs: Any) -> Path:
-    """Build (or find cached) the local SWE tasks with ``tests/swe_tasks/build_tasks.py`` of the checkout."""
-    import importlib.util
+    """Build (or find cached) the local SWE tasks with :func:`sao.envs.swebench.local_tasks.build`."""
+    from .local_tasks import build  # imported on use: `python -m sao.envs.swebench.local_tasks` runs it as __main__
 
-    override = os.environ.get(BUILDER_ENV)
-    checkout = Path(__file__).resolve().parents[2]
-    path = Path(override) if override else checkout / "tests" / "swe_tasks" / "build_tasks.py"
-    if not path.is_file():
-        raise DatasetError(f"the local SWE task builder is not at {path} (it ships with a source checkout of sao; "
-                           f"set {BUILDER_ENV}), or pass data=PATH to an instances file")
-    name = "sao_swe_build_tasks"
-    module = sys.modules.get(name)
-    if module is None or Path(getattr(module, "__file__", "")) != path:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-    return Path(module.build(Path(out_dir) if out_dir else local_tasks_dir(), **kwargs))
+    return Path(build(Path(out_dir) if out_dir else local_tasks_dir(), **kwargs))
 
 
 _local_build_lock = threading.Lock()

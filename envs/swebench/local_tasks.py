@@ -20,7 +20,8 @@ image is tagged ``<prefix>/<name>:<key>`` where ``key`` hashes the task's conten
 version and the base image id. A task whose image and cached row exist is not touched again.
 Each image adds one layer of a few KB to the base image.
 
-Run as a script (``python tests/swe_tasks/build_tasks.py [OUT_DIR]``) or call :func:`build`.
+Run as a module (``python -m sao.envs.swebench.local_tasks [OUT_DIR]``, ``--help`` for the options) or call
+:func:`build`; the environment ``swe-local`` calls it through :func:`sao.envs.swebench.build_local_tasks`.
 """
 
 from __future__ import annotations
@@ -1044,7 +1045,7 @@ def _validate(task: LocalTask, row: dict[str, Any], client: Any, label: str) -> 
 
 def default_out_dir() -> Path:
     """Where the environment ``swe-local`` looks for the tasks (see ``sao.envs.swebench.local_tasks_dir``)."""
-    from sao.envs.swebench import local_tasks_dir
+    from .factories import local_tasks_dir
 
     return local_tasks_dir()
 
