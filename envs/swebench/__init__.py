@@ -68,6 +68,19 @@ Episode ends
     the agent's container failing -> ``truncated`` with ``error`` set and no grading. The others
     are graded on the diff that exists, and the final info always holds ``correct``, ``answer`` (the diff, or None when
     empty), ``error``, ``report``, ``patch`` and ``exit_status``.
+
+Scripted agents and grading of given patches
+    ``--agent gold|empty`` and ``--grade-only`` reach :class:`SWEBenchEnv` through
+    :mod:`sao.envs.capabilities`: its class names :func:`sao.envs.swe_policies.baseline_policy`
+    and :func:`grade_prediction` (a given diff graded as an episode's diff is, exit status
+    ``grade_only``).
+
+Modules, one role each
+    ``instances`` (the schema, the checks of a row, loading), ``images`` (:class:`ImageResolver`),
+    ``workspace`` (the agent's container: history hiding, the shell, the diff), ``tools`` (``bash``,
+    ``editor``, ``submit`` and the prompts), ``grading`` (a diff graded in a fresh container; every
+    report made by :func:`instance_report`), ``env`` (:class:`SWEBenchEnv`), ``factories`` (the
+    registered names) and ``local_tasks`` (the builder of ``swe-local``'s repositories and images).
 """
 
 from .env import SWEBenchEnv
