@@ -31,10 +31,16 @@ Images, in order (``info["image_source"]``):
     :class:`InstanceImageError` listing why each source failed.
 
 Reward integrity (``hide_history=True``, the default)
-    Before the episode starts, the agent's container loses every route to the fix: remotes, every
-    ref but a fresh branch at ``base_commit``, tags, stash, reflogs, ``ORIG_HEAD``/``FETCH_HEAD``,
-    then ``git gc --prune=now``; the environment then checks that every commit object left is an
-    ancestor of ``base_commit`` and refuses to start otherwise. The container has no network and
+    The image's ``HEAD`` must be ``base_commit``, or the one ``SWE-bench`` commit on top of it that
+    swebench's own builders add (``git commit --allow-empty -am SWE-bench``); anything else is
+    refused. Before the episode starts, the agent's container loses every route to the fix:
+    remotes, every ref but a fresh branch at ``base_commit`` and the tags that point into
+    ``base_commit``'s own history (setuptools_scm computes the package's version from them, and
+    they reveal nothing later: swebench keeps the tags older than the base commit), stash,
+    reflogs, ``ORIG_HEAD``/``FETCH_HEAD``, ``.keep``/``.promisor`` pack markers, alternates, then
+    ``git gc --prune=now``; the environment then checks that every commit object left is an
+    ancestor of ``base_commit`` and refuses to start otherwise (naming what kept the objects). A
+    partial clone is refused. The container has no network and
     never sees ``test_patch``. The grading container loses the later history the same way (the
     tests run the agent's code, which could otherwise read the fix from a later commit). At
     grading, files touched by ``test_patch`` are reset (or removed, for files it creates) before

@@ -21,18 +21,36 @@ cd /testbed
 git config --global --add safe.directory /testbed 2>/dev/null || true
 base=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "base commit $1 is not in the repository" >&2; exit 3; }
 head=$(git rev-parse --verify --quiet "HEAD^{commit}") || { echo "HEAD does not name a commit" >&2; exit 3; }
-[ "$head" = "$base" ] || { echo "HEAD is $head, not the base commit $base" >&2; exit 3; }
+if [ "$head" != "$base" ]; then
+    # swebench's own image builders end with `git commit --allow-empty -am SWE-bench`: one commit on
+    # top of the base commit (holding what the install changed). Accept exactly that, nothing else.
+    parents=$(git rev-list --parents -n 1 "$head" | cut -d' ' -f2-)
+    subject=$(git log -1 --format=%s "$head")
+    [ "$parents" = "$base" ] && [ "$subject" = SWE-bench ] || {
+        echo "HEAD is $head, neither the base commit $base nor swebench's one 'SWE-bench' commit on top of it" \
+             "(parents: ${parents:-none}, subject: $subject)" >&2; exit 3; }
+fi
 if [ "$2" = hide ]; then
     branch=$(git symbolic-ref --quiet --short HEAD 2>/dev/null || echo main)
     case $branch in sao/*|"") branch=main ;; esac
     for r in $(git remote); do git remote remove "$r"; done
     git update-ref --no-deref "refs/heads/$branch" "$base"
     git symbolic-ref HEAD "refs/heads/$branch"
-    git for-each-ref --format='delete %(refname)' | grep -vxF "delete refs/heads/$branch" | git update-ref --stdin
+    # Keep the tags that point into the base commit's own history (setuptools_scm and `git describe`
+    # read them, and they reveal nothing later, as swebench keeps the tags older than the base commit);
+    # every other ref goes.
+    git for-each-ref --merged "$base" --format='%(refname)' refs/tags > /tmp/.sao-keep
+    echo "refs/heads/$branch" >> /tmp/.sao-keep
+    git for-each-ref --format='%(refname)' | grep -vxF -f /tmp/.sao-keep | sed 's/^/delete /' | git update-ref --stdin
+    rm -f /tmp/.sao-keep
     rm -rf .git/logs .git/refs/original .git/rebase-merge .git/rebase-apply .git/sequencer .git/worktrees
     rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD .git/REVERT_HEAD \
           .git/COMMIT_EDITMSG .git/MERGE_MSG .git/SQUASH_MSG .git/AUTO_MERGE .git/BISECT_LOG .git/BISECT_START \
-          .git/BISECT_EXPECTED_REV .git/objects/pack/*.keep
+          .git/BISECT_EXPECTED_REV .git/objects/pack/*.keep .git/objects/pack/*.promisor
+    if [ -n "$(git config --get extensions.partialClone || true)" ]; then
+        echo "the repository is a partial clone (extensions.partialClone): its missing objects would be" \
+             "fetched from the promisor remote; build the image from a full clone (git clone --no-local)" >&2; exit 4
+    fi
     if [ -s .git/objects/info/alternates ]; then git repack -a -d -q; rm -f .git/objects/info/alternates; fi
     git -c gc.reflogExpire=now -c gc.reflogExpireUnreachable=now -c gc.rerereResolved=now \
         -c gc.rerereUnresolved=now -c gc.cruftPacks=false gc --prune=now --quiet
@@ -41,7 +59,14 @@ if [ "$2" = hide ]; then
     git rev-list "$base" | sort > /tmp/.sao-ancestors
     extra=$(comm -23 /tmp/.sao-commits /tmp/.sao-ancestors | head -n 3)
     rm -f /tmp/.sao-commits /tmp/.sao-ancestors
-    [ -z "$extra" ] || { echo "commits that are not ancestors of the base commit remain: $extra" >&2; exit 4; }
+    if [ -n "$extra" ]; then
+        echo "commits that are not ancestors of the base commit remain after git gc: $extra" >&2
+        echo "git gc keeps objects of packs marked .keep or .promisor, of alternates, and of every ref;" \
+             "left here: packs [$(ls .git/objects/pack | grep -v '\.\(pack\|idx\|rev\)$' | tr '\n' ' ')]," \
+             "alternates [$(cat .git/objects/info/alternates 2>/dev/null | tr '\n' ' ')]," \
+             "refs [$(git for-each-ref --format='%(refname)' | tr '\n' ' ')]" >&2
+        exit 4
+    fi
 fi
 idx=$(mktemp)
 cp .git/index "$idx"
