@@ -235,6 +235,57 @@ def test_a_diff_that_does_not_apply_is_the_agents_failure(tasks_file, rows):
     assert "git apply" in result.report["apply_output"] and "patch --batch" in result.report["apply_output"]
 
 
+@pytest.fixture(scope="module")
+def image_without_pytest(tasks_file, rows, client) -> str:
+    """The intervals task's image with pytest removed: its test command cannot run at all."""
+    import io
+
+    base = task(rows, "intervals")["image"]
+    tag = f"sao-test-nopytest:{base.rsplit(':', 1)[-1]}"
+    dockerfile = (f"FROM {base}\nRUN rm -rf /usr/lib/python3/dist-packages/pytest "
+                  "/usr/lib/python3/dist-packages/_pytest /usr/bin/pytest* /usr/bin/py.test*\n")
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, forcerm=True, pull=False,
+                        network_mode="none")
+    yield tag
+    client.images.remove(tag, force=True)
+
+
+@pytest.mark.docker
+def test_a_test_command_that_cannot_run_is_an_eval_error_not_unresolved(tasks_file, rows, image_without_pytest):
+    row = task(rows, "intervals")
+    inst = next(i for i in load_instances(tasks_file) if i.instance_id == row["instance_id"])
+    result = grade_patch(inst, row["patch"].encode(), image_without_pytest, label=LABEL, timeout_s=120)
+    assert not result.resolved and result.error is None
+    assert result.report["status"] == "eval_error", result.report
+    assert "none of the" in result.eval_error and "No module named pytest" in result.log
+    # the episode says so too, in its own field, and the reward is no verdict (correct False, error None)
+    with make_env(tasks_file, images={row["instance_id"]: image_without_pytest}) as env:
+        info = play(env, gold_policy(row), task_id=row["instance_id"])
+    assert info["report"]["status"] == "eval_error" and info["eval_error"] and info["error"] is None
+
+
+@pytest.mark.docker
+def test_a_diff_that_breaks_the_test_run_is_unresolved_with_the_reason(tasks_file, rows):
+    row = task(rows, "intervals")
+    inst = next(i for i in load_instances(tasks_file) if i.instance_id == row["instance_id"])
+    # a conftest.py that raises: pytest collects nothing, though the code under test is untouched
+    broken = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+              "@@ -0,0 +1 @@\n+raise ImportError('broken by the diff')\n")
+    result = grade_patch(inst, broken.encode(), inst.image, label=LABEL, timeout_s=120)
+    assert result.report["patch_successfully_applied"], result.report
+    assert result.report["status"] == "unresolved" and result.eval_error is None and result.error is None
+    assert "the diff broke the test run" in result.report["detail"]
+
+
+def test_the_kept_log_is_its_head_and_its_tail():
+    from sao.envs.swebench.grading import clip_log
+
+    text = "INSTALL ERROR\n" + "x" * 50_000 + "\nverdicts"
+    kept = clip_log(text, 1000)
+    assert kept.startswith("INSTALL ERROR") and kept.endswith("verdicts") and "characters omitted" in kept
+    assert len(kept) < 1100 and clip_log("short", 1000) == "short"
+
+
 # -- reward integrity -------------------------------------------------------------------------------
 
 

@@ -253,6 +253,7 @@ class SWEBenchEnv(TextEnv):
         else:
             result = self.grade_diff(inst, patch, ep.image.name)
         return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
+                "eval_error": result.eval_error,
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
                 "image_source": ep.image.source, "grading_log": result.log,
                 "timing": {"reset_s": round(ep.reset_s, 3), "grading_s": round(result.duration_s, 3)}}

@@ -29,9 +29,22 @@ class GradeResult:
 
     resolved: bool
     report: dict[str, Any]
-    error: str | None = None
+    error: str | None = None  # an infrastructure error: the grading could not run (retried on resume)
     log: str = ""
     duration_s: float = 0.0
+    # the tests ran but could not test anything, with or without the diff (a collection, configuration
+    # or install error of the image): no verdict on the diff, counted apart from unresolved and infra
+    eval_error: str | None = None
+
+
+def clip_log(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: its head (a quarter) and its tail, the cut marked. An
+    install or collection error shows at the head of a test log, the verdicts at its tail."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - limit} characters omitted ...]\n{text[-tail:]}"
 
 
 def instance_report(instance_id: str, status: str, *, patch_exists: bool, patch_is_none: bool = False,
@@ -43,8 +56,9 @@ def instance_report(instance_id: str, status: str, *, patch_exists: bool, patch_
     ``patch_successfully_applied``, ``resolved``), then what the path learned: ``applied_with``
     (the command that applied the diff), ``apply_output`` (why none did), ``graded`` (from
     :func:`grade_report`: ``resolution_status``, ``tests_status``), then ``status`` (``resolved``,
-    ``unresolved``, ``empty_patch``, ``patch_failed``, ``patch_too_large``, ``diff_failed`` or
-    ``error``) and ``detail`` (why no diff could be taken).
+    ``unresolved``, ``eval_error``, ``empty_patch``, ``patch_failed``, ``patch_too_large``,
+    ``diff_failed`` or ``error``) and ``detail`` (why no diff could be taken, or why the test run
+    could not judge it).
     """
     report: dict[str, Any] = {"instance_id": instance_id, "patch_is_None": patch_is_none, "patch_exists": patch_exists,
                               "patch_successfully_applied": applied_with is not None, "resolved": resolved}
@@ -132,10 +146,106 @@ def grade_report(inst: SWEInstance, log_text: str, test_spec: Any, parser: Any) 
     tests = get_eval_tests_report(status_map, {FAIL_TO_PASS: list(inst.fail_to_pass),
                                                PASS_TO_PASS: list(inst.pass_to_pass)}, eval_type=eval_type)
     resolution = get_resolution_status(tests)
-    return resolution == ResolvedStatus.FULL.value, {"resolution_status": resolution, "tests_status": tests}
+    # swebench counts a test missing from the log as failed; how many of them the log holds at all is
+    # what tells a failing diff from a test run that never ran (see test_run_broken)
+    found = {FAIL_TO_PASS: sum(t in status_map for t in dict.fromkeys(inst.fail_to_pass)),
+             PASS_TO_PASS: sum(t in status_map for t in dict.fromkeys(inst.pass_to_pass))}
+    return resolution == ResolvedStatus.FULL.value, {"resolution_status": resolution, "tests_status": tests,
+                                                     "tests_found": found}
+
+
+MIN_PASS_TO_PASS_FOUND = 0.5
+"""A run whose log holds fewer than this share of the PASS_TO_PASS tests (or none of FAIL_TO_PASS and
+PASS_TO_PASS) did not test the code as a whole: a collection, configuration or install error."""
+
+
+def test_run_broken(inst: SWEInstance, graded: Mapping[str, Any]) -> str | None:
+    """Why the graded log cannot be a verdict on the code (None when it can): it holds none of the
+    instance's tests, or far fewer of PASS_TO_PASS than there are."""
+    found = graded.get("tests_found") or {}
+    f2p, p2p = found.get("FAIL_TO_PASS", 0), found.get("PASS_TO_PASS", 0)
+    n_f2p, n_p2p = len(set(inst.fail_to_pass)), len(set(inst.pass_to_pass))
+    if f2p + p2p == 0:
+        return f"the test log holds none of the {n_f2p + n_p2p} FAIL_TO_PASS and PASS_TO_PASS tests"
+    if n_p2p and p2p < MIN_PASS_TO_PASS_FOUND * n_p2p:
+        return f"the test log holds only {p2p} of the {n_p2p} PASS_TO_PASS tests"
+    return None
 
 
 _APPLY_CMDS = ("git apply --verbose", "patch --batch --fuzz=5 -p1 -i")
+
+
+@dataclass
+class _TestRun:
+    """One run of the eval script in a fresh container: what happened, up to the graded log."""
+
+    error: str | None = None  # infrastructure: the run could not happen or finish
+    applied_with: str | None = None
+    apply_output: str | None = None  # set when the diff applied with no command
+    log_text: str = ""
+    graded: dict[str, Any] | None = None
+    resolved: bool = False
+
+
+def _run_tests(inst: SWEInstance, patch: bytes | None, image: str, script: str, test_spec: Any, parser: Any,
+               existing: list[str], created: list[str], *, client: Any, label: str, limits: SandboxLimits | None,
+               timeout_s: float, hide_history: bool) -> _TestRun:
+    """Apply ``patch`` (None: no diff, the base code) in a fresh container of ``image``, reset the
+    tests ``test_patch`` touches, run the eval script and grade its log."""
+    run = _TestRun()
+    try:
+        sb = DockerSandbox(image, limits=limits or SandboxLimits(), label=label, client=client, workdir=TESTBED,
+                           name_prefix="sao-swe-grade-")
+    except SandboxError as exc:
+        run.error = f"the grading container did not start: {exc}"
+        return run
+    try:
+        if hide_history:
+            try:
+                prepare_workspace(sb, inst.base_commit, hide_history=True)
+            except WorkspaceError as exc:
+                run.error = f"cannot hide the later history in the grading container: {exc}"
+                return run
+        if patch is not None:
+            sb.write_file("/tmp/.sao-agent.patch", patch)
+            outputs = []
+            for cmd in _APPLY_CMDS:
+                res = sb.run(f"{cmd} /tmp/.sao-agent.patch", timeout_s=300)
+                outputs.append(f"$ {cmd}\n{res.output.strip()}")
+                if res.ok:
+                    run.applied_with = cmd
+                    break
+            if run.applied_with is None:
+                run.apply_output = "\n".join(outputs)[-4000:]
+                return run
+        # Overwrite the agent's edits to the tests: reset what test_patch changes, remove what it creates.
+        prep = [f"git checkout -q {inst.base_commit} -- {' '.join(map(shlex.quote, existing))}" if existing else ":",
+                f"rm -rf -- {' '.join(map(shlex.quote, created))}" if created else ":",
+                f"git apply --check - <<'{_HEREDOC}'\n{inst.test_patch}\n{_HEREDOC}"]
+        res = sb.run(shell("set -e\n" + "\n".join(prep)), timeout_s=300)
+        if not res.ok:
+            run.error = ("test_patch does not apply to the repository once its test files are reset "
+                         f"(a problem of the instance data): {res.output.strip()[-1000:]}")
+            return run
+        sb.write_file("/sao_eval.sh", script, mode=0o755)
+        res = sb.run("bash /sao_eval.sh > /sao_eval.log 2>&1", timeout_s=timeout_s)
+        try:
+            run.log_text = sb.read_file("/sao_eval.log").decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            run.log_text = ""
+        if res.timed_out:
+            run.error = f"the tests did not finish within eval_timeout_s={timeout_s:g} s"
+        elif START_TEST_OUTPUT not in run.log_text or END_TEST_OUTPUT not in run.log_text:
+            run.error = (f"the test log lacks swebench's start/end markers (eval script exit {res.exit_code}); "
+                         "see info['grading_log']")
+        else:
+            run.resolved, run.graded = grade_report(inst, run.log_text, test_spec, parser)
+        return run
+    except SandboxError as exc:
+        run.error = f"the grading container failed: {exc}"
+        return run
+    finally:
+        sb.close()
 
 
 def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = None, label: str = LABEL_VALUE,
@@ -146,16 +256,23 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
     ``hide_history`` removes the commits after ``base_commit`` from the grading container too: the
     agent's code runs there (the tests import it), and could otherwise read the fix from the
     repository's later history (``git log --all``, tags) while the tests run.
+
+    A test run that holds too few of the instance's tests to judge anything (:func:`test_run_broken`)
+    is run once more without the diff. When the base code's run is as broken, the image cannot run
+    its tests: status ``eval_error`` (``GradeResult.eval_error``), never a silent "unresolved". When
+    the base code's run is whole, the diff broke the run (an import error, say): "unresolved", with
+    the reason in ``detail``. The log kept is the head and tail of the first run's (``log_chars``).
     """
     started = time.monotonic()
-    applied_with: str | None = None  # the command that applied the diff
-    apply_output: str | None = None  # what the commands said when none did
 
-    def done(status: str, error: str | None = None, log_text: str = "", graded: Mapping[str, Any] | None = None,
-             resolved: bool = False) -> GradeResult:
-        report = instance_report(inst.instance_id, status, patch_exists=bool(patch.strip()), resolved=resolved,
-                                 applied_with=applied_with, apply_output=apply_output, graded=graded)
-        return GradeResult(resolved, report, error, log_text[-log_chars:], time.monotonic() - started)
+    def done(status: str, run: _TestRun | None = None, error: str | None = None, *, eval_error: str | None = None,
+             detail: str | None = None) -> GradeResult:
+        run = run or _TestRun()
+        report = instance_report(inst.instance_id, status, patch_exists=bool(patch.strip()), resolved=run.resolved,
+                                 applied_with=run.applied_with, apply_output=run.apply_output, graded=run.graded,
+                                 detail=detail)
+        return GradeResult(run.resolved, report, error, clip_log(run.log_text, log_chars),
+                           time.monotonic() - started, eval_error)
 
     if not patch.strip():
         return done("empty_patch")
@@ -163,54 +280,26 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
         script, test_spec, parser = eval_script(inst)
         existing, created = patch_files(inst.test_patch)
     except Exception as exc:  # noqa: BLE001 - e.g. a test_patch unidiff cannot parse: the instance's fault
-        return done("error", f"cannot build the eval script for this instance: {type(exc).__name__}: {exc}")
-    try:
-        sb = DockerSandbox(image, limits=limits or SandboxLimits(), label=label, client=client, workdir=TESTBED,
-                           name_prefix="sao-swe-grade-")
-    except SandboxError as exc:
-        return done("error", f"the grading container did not start: {exc}")
-    try:
-        if hide_history:
-            try:
-                prepare_workspace(sb, inst.base_commit, hide_history=True)
-            except WorkspaceError as exc:
-                return done("error", f"cannot hide the later history in the grading container: {exc}")
-        sb.write_file("/tmp/.sao-agent.patch", patch)
-        outputs = []
-        for cmd in _APPLY_CMDS:
-            res = sb.run(f"{cmd} /tmp/.sao-agent.patch", timeout_s=300)
-            outputs.append(f"$ {cmd}\n{res.output.strip()}")
-            if res.ok:
-                applied_with = cmd
-                break
-        if applied_with is None:
-            apply_output = "\n".join(outputs)[-4000:]
-            return done("patch_failed")
-        # Overwrite the agent's edits to the tests: reset what test_patch changes, remove what it creates.
-        prep = [f"git checkout -q {inst.base_commit} -- {' '.join(map(shlex.quote, existing))}" if existing else ":",
-                f"rm -rf -- {' '.join(map(shlex.quote, created))}" if created else ":",
-                f"git apply --check - <<'{_HEREDOC}'\n{inst.test_patch}\n{_HEREDOC}"]
-        res = sb.run(shell("set -e\n" + "\n".join(prep)), timeout_s=300)
-        if not res.ok:
-            return done("error", "test_patch does not apply to the repository once its test files are reset "
-                                 f"(a problem of the instance data): {res.output.strip()[-1000:]}")
-        sb.write_file("/sao_eval.sh", script, mode=0o755)
-        res = sb.run("bash /sao_eval.sh > /sao_eval.log 2>&1", timeout_s=timeout_s)
-        try:
-            log_text = sb.read_file("/sao_eval.log").decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            log_text = ""
-        if res.timed_out:
-            return done("error", f"the tests did not finish within eval_timeout_s={timeout_s:g} s", log_text)
-        if START_TEST_OUTPUT not in log_text or END_TEST_OUTPUT not in log_text:
-            return done("error", f"the test log lacks swebench's start/end markers (eval script exit "
-                                 f"{res.exit_code}); see info['grading_log']", log_text)
-        resolved, graded = grade_report(inst, log_text, test_spec, parser)
-        return done("resolved" if resolved else "unresolved", None, log_text, graded, resolved)
-    except SandboxError as exc:
-        return done("error", f"the grading container failed: {exc}")
-    finally:
-        sb.close()
+        return done("error", error=f"cannot build the eval script for this instance: {type(exc).__name__}: {exc}")
+    kwargs = dict(client=client, label=label, limits=limits, timeout_s=timeout_s, hide_history=hide_history)
+    run = _run_tests(inst, patch, image, script, test_spec, parser, existing, created, **kwargs)
+    if run.error is not None:
+        return done("error", run, run.error)
+    if run.applied_with is None:
+        return done("patch_failed", run)
+    broken = None if run.resolved or run.graded is None else test_run_broken(inst, run.graded)
+    if broken is None:
+        return done("resolved" if run.resolved else "unresolved", run)
+    base = _run_tests(inst, None, image, script, test_spec, parser, existing, created, **kwargs)
+    if base.error is not None:
+        return done("error", run, f"{broken}; checking the test run on the base code failed: {base.error}")
+    base_broken = test_run_broken(inst, base.graded or {})
+    if base_broken is None:
+        return done("unresolved", run, detail=f"the diff broke the test run: {broken} (without the diff it "
+                                                f"holds them: {(base.graded or {}).get('tests_found')})")
+    return done("eval_error", run, eval_error=f"the tests cannot run in this image: {broken}, and without the "
+                                              f"diff {base_broken.removeprefix('the test log ')}; see "
+                                              f"info['grading_log'] (head and tail)")
 
 
 def grade_prediction(env: SWEBenchEnv, task_id: str, patch: str) -> dict[str, Any]:
@@ -234,6 +323,7 @@ def grade_prediction(env: SWEBenchEnv, task_id: str, patch: str) -> dict[str, An
                 "report": instance_report(inst.instance_id, "empty_patch", **flags), "image": image.name,
                 "image_source": image.source}
     result = env.grade_diff(inst, patch.encode("utf-8"), image.name)
-    return {**base, "correct": bool(result.resolved), "error": result.error, "report": result.report,
+    return {**base, "correct": bool(result.resolved), "error": result.error, "eval_error": result.eval_error,
+            "report": result.report,
             "image": image.name, "image_source": image.source, "grading_log": result.log,
             "timing": {"grading_s": round(result.duration_s, 3)}}
