@@ -68,6 +68,7 @@ from sao.rl.rollout.replicas import UNKNOWN_VERSION
 from sao.rl.sources import RolloutBatch, rollout_metrics
 from sao.rl.sync import version_dir
 from sao.rl.tasks import PromptRef, episode_seed
+from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
 
@@ -280,8 +281,8 @@ class OrchestratedRollout:
             return t
 
         done = await asyncio.gather(*(one(k, ref, i) for k, (ref, i) in enumerate(jobs)))
-        ok = tuple(t for t in done if t.status == "ok")
-        return RolloutBatch(ok, tuple(t for t in done if t.status != "ok"), tuple(refs),
+        ok = tuple(t for t in done if failure(t) is None)
+        return RolloutBatch(ok, tuple(t for t in done if failure(t) is not None), tuple(refs),
                             rollout_metrics(done, ok, time.monotonic() - t0))
 
     def on_weights(self, version: int) -> None:
@@ -442,9 +443,9 @@ class OrchestratedRollout:
                                                "policy_version": min(versions)})
         self.on_trajectory(trajectory)
         self._finished[start.traj_id] = trajectory
-        failed = trajectory.status != "ok"
-        self._events.put_nowait(TrajectoryFinished(start.traj_id, versions, trajectory.num_action_tokens, failed,
-                                                   trajectory.error or ""))
+        cause = failure(trajectory)
+        self._events.put_nowait(TrajectoryFinished(start.traj_id, versions, trajectory.num_action_tokens,
+                                                   cause is not None, cause or ""))
 
     async def _sync(self, action: SyncReplica) -> None:
         rid, replica = action.replica, self.replicas[action.replica]

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, run_episode
 from sao.envs import make
 from sao.rl.tasks import PromptRef, TaskStream, episode_seed
+from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ class SyncRollout:
         if before != after or (after is not None and after != str(self.version)):
             raise RuntimeError(f"the engine's weight version changed during a sync rollout ({before!r} -> {after!r}, "
                                f"expected {self.version}); is another trainer using this engine?")
-        ok = tuple(t for t in done if t.status == "ok")
-        failed = tuple(t for t in done if t.status != "ok")
+        ok = tuple(t for t in done if failure(t) is None)
+        failed = tuple(t for t in done if failure(t) is not None)
         return RolloutBatch(ok, failed, tuple(prompts), rollout_metrics(done, ok, wall))
 
     def state_dict(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from sao.rl.learner import Learner
 from sao.rl.memory import LearnerThread, release, rss_gb
 from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
 from sao.rl.sources import RolloutSource
+from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class Trainer:
     def _check(self, rollout: Any, step: int) -> None:
         """:class:`TrainError` when every trajectory failed; a warning when some did."""
         if not rollout.trajectories:
-            causes = sorted({t.error or "unknown" for t in rollout.failed})
+            causes = sorted({failure(t) or "unknown" for t in rollout.failed})
             raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
                              "They are recorded in trajectories.jsonl; fix the cause and rerun with resume=true")
         if rollout.failed:

@@ -414,3 +414,19 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
     assert strip(lines(interrupted / "metrics.jsonl")) == strip(rows)
     key = lambda t: (t["task_id"], t["seed"], t["info"]["train_step"], bool(t["info"].get("probe")))  # noqa: E731
     assert sorted(map(key, lines(interrupted / "trajectories.jsonl"))) == sorted(map(key, trajectories))
+
+
+def test_episodes_without_a_verdict_are_not_trained_on():
+    """A reward of 0.0 from a grading that broke (info error) or could not judge (eval_error) is no reward."""
+    from sao.agents.records import Trajectory
+    from sao.rl.trainable import failure
+
+    def t(status="ok", **info):
+        return Trajectory(episode_id="e", env="x", task_id="t", sample=0, seed=None, token_ids=(1,), action_mask=(1,),
+                          logprobs=(-1.0,), turns=(), messages=(), reward=0.0, terminated=True, truncated=False,
+                          status=status, error="EngineError: gone" if status != "ok" else None, info=info)
+
+    assert failure(t(correct=False, error=None, eval_error=None)) is None
+    assert "EngineError" in failure(t("failed"))
+    assert "infrastructure" in failure(t(error="the grading container did not start"))
+    assert "could not judge" in failure(t(eval_error="the tests cannot run in this image"))
