@@ -465,3 +465,10 @@ def test_swe_local_defaults_to_the_built_tasks(tasks_file):
 def test_check_env_passes_on_swe_local(tasks_file, client):
     E.check_env(E.make("swe-local", data=str(tasks_file), label=LABEL))
     assert not containers(client)
+
+
+def test_swe_bench_episodes_default_to_the_papers_300_turns(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(_row()) + "\n")
+    assert E.make("swe-bench-verified", data=str(data)).unwrapped.max_steps == 300
+    assert E.make("swe-bench-verified", data=str(data), max_steps=20).unwrapped.max_steps == 20

@@ -14,9 +14,14 @@ from .env import SWEBenchEnv
 from .instances import HUB_SOURCES, load_instances
 
 
+PAPER_MAX_STEPS = 300
+"""Turns per SWE-bench episode in the SAO paper's setting (METHOD.md); ``max_steps=`` changes it."""
+
+
 def _hub_env(kind: str, data: str | os.PathLike | None, split: str, kwargs: dict[str, Any]) -> SWEBenchEnv:
     source = str(data or HUB_SOURCES[kind])
     kwargs.setdefault("name", source)
+    kwargs.setdefault("max_steps", PAPER_MAX_STEPS)
     return SWEBenchEnv(load_instances(source, split=split), **kwargs)
 
 
