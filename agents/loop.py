@@ -128,11 +128,7 @@ async def run_episode(
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
         status, error = "failed", f"{type(exc).__name__}: {exc}"
-    if truncated_by is not None:
-        truncated = True
-        info = {**info, "truncated_by": truncated_by}
-    if status == "failed" or truncated_by is not None:
-        info = {"correct": False, "answer": None, **info, "error": error or info.get("error")}
+    info = final_info(info, status=status, error=error, truncated_by=truncated_by)
     return Trajectory(
         episode_id=episode_id or uuid.uuid4().hex,
         env=env_name,
@@ -146,10 +142,19 @@ async def run_episode(
         messages=tuple(transcript),
         reward=reward,
         terminated=terminated and status == "ok",
-        truncated=truncated,
+        truncated=truncated or truncated_by is not None,
         status=status,
         error=error,
         info=jsonable(info),
         wall_s=time.monotonic() - t0,
     )
 
+
+def final_info(info: dict[str, Any], *, status: str, error: str | None, truncated_by: str | None) -> dict[str, Any]:
+    """The episode's last ``info``: ``truncated_by`` when a loop limit cut it, and the final keys the
+    environment could not set (``correct`` False, ``answer`` None, ``error``) when it failed or was cut."""
+    if truncated_by is not None:
+        info = {**info, "truncated_by": truncated_by}
+    if status == "failed" or truncated_by is not None:
+        info = {"correct": False, "answer": None, **info, "error": error or info.get("error")}
+    return info

@@ -5,6 +5,11 @@ then each turn's sampled tokens (action tokens) and the environment's reply rend
 chat template (observation tokens). Turn ``k``'s prompt is exactly ``token_ids[:turns[k].prompt_len]``,
 the bytes the engine saw, so the learner never re-tokenizes text and cannot drift from what was
 sampled. Shapes below use ``T`` for the number of tokens.
+
+A trajectory in *text* mode (``mode="text"``: an endpoint that returns no token ids, through the chat
+API) has no tokens at all: ``token_ids``, ``action_mask`` and ``logprobs`` are empty, ``messages``
+holds the text turns and each :class:`TurnRecord` the usage the API reported. Such a trajectory
+can be graded and summarized like any other, but it is not ``trainable``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from sao.envs import Message
 
 SCHEMA_VERSION = 1
+MODES = ("tokens", "text")
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,28 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class ChatCompletion:
+    """What a chat endpoint returned for one request (text mode): no token ids, no log-probs.
+
+    ``tool_calls`` are the API's native tool calls as it sent them (OpenAI format, unchecked);
+    ``prompt_tokens``/``completion_tokens`` its ``usage``, None when it reported none.
+    """
+
+    text: str
+    finish_reason: str  # "stop" | "length" | "tool_calls" | ...
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    weight_version: str | None = None
+
+
+@dataclass(frozen=True)
 class TurnRecord:
-    """Metadata of one model call. Its completion is ``token_ids[prompt_len:prompt_len + completion_len]``."""
+    """Metadata of one model call. Its completion is ``token_ids[prompt_len:prompt_len + completion_len]``.
+
+    In text mode there are no token positions (``prompt_len == completion_len == 0``);
+    ``prompt_tokens``/``completion_tokens`` are then the API's usage counts (None where it gave none).
+    """
 
     prompt_len: int
     completion_len: int
@@ -45,6 +71,8 @@ class TurnRecord:
     t_start: float  # seconds since the episode started
     t_end: float
     attempts: int = 1  # HTTP attempts, retries included
+    prompt_tokens: int | None = None  # text mode: usage.prompt_tokens
+    completion_tokens: int | None = None  # text mode: usage.completion_tokens
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,9 @@ class Trajectory:
     reward:      the environment's total reward (given at the last action token).
     status:      "ok" (the episode ran to an end state or a limit) or "failed" (``error`` says why;
                  an engine failure, say). A failed episode is data: it is recorded, never dropped.
+    mode:        "tokens" (the token loop; the three arrays above are exact) or "text" (a chat endpoint
+                 without token ids; the arrays are empty, see the module docstring). Records written
+                 before the field existed read as "tokens".
     """
 
     episode_id: str
@@ -76,12 +107,22 @@ class Trajectory:
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    mode: str = "tokens"
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if len(self.action_mask) != n or len(self.logprobs) != n:
             raise ValueError(f"token_ids, action_mask and logprobs differ in length "
                              f"({n}, {len(self.action_mask)}, {len(self.logprobs)})")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "text" and n:
+            raise ValueError(f"a text-mode trajectory has no tokens, got {n}")
+
+    @property
+    def trainable(self) -> bool:
+        """Whether a learner can use it: only token-mode trajectories carry the sampled tokens and log-probs."""
+        return self.mode == "tokens"
 
     @property
     def correct(self) -> bool:
@@ -90,6 +131,14 @@ class Trajectory:
     @property
     def num_action_tokens(self) -> int:
         return sum(self.action_mask)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the model generated: action tokens (tokens mode), or the sum of the API's reported
+        completion tokens (text mode; a turn without usage counts 0)."""
+        if self.mode == "text":
+            return sum(t.completion_tokens or 0 for t in self.turns)
+        return self.num_action_tokens
 
     @property
     def weight_versions(self) -> tuple[str | None, ...]:
