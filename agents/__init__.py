@@ -1,4 +1,5 @@
-"""The agent loop and what it talks to: the token-in/token-out client, chat rendering, engines.
+"""The agent loop and what it talks to: the token-in/token-out client, chat rendering, engines; and
+the text loop for chat endpoints that return no token ids.
 
 Names are imported on first use (PEP 562), so that light entry points such as ``sao-model``
 do not pay for the OpenAI SDK and the environments at start-up.
@@ -11,11 +12,13 @@ from typing import Any
 
 _EXPORTS = {
     ".chat": ("ByteTokenizer", "ChatRenderer", "Tokenizer"),
+    ".chat_client": ("ChatClient", "OpenAIChatClient"),
     ".client": ("CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams"),
     ".errors": ("AgentError", "ContextOverflowError", "EngineError", "EngineRequestError", "EngineResponseError",
                 "EngineStartError", "EngineUnavailableError", "RenderError"),
     ".loop": ("LoopConfig", "run_episode"),
-    ".records": ("Completion", "Trajectory", "TurnRecord"),
+    ".records": ("ChatCompletion", "Completion", "Trajectory", "TurnRecord"),
+    ".text_loop": ("run_text_episode",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)
