@@ -1,13 +1,21 @@
 """A scripted OpenAI-compatible completion server: real HTTP on localhost, for tests.
 
-Each request to ``/v1/completions`` takes the next :class:`Reply` of the script (or asks the
-``responder`` when the script is empty). A reply can answer with text, fail with an HTTP status,
-wait (to trip a client timeout), send a malformed body, or drop the connection. The server
-tokenizes with the :class:`~sao.agents.chat.ByteTokenizer` by default, echoes ``prompt_token_ids``
-and ``token_ids`` as vLLM does with ``return_token_ids``, and records every request it saw::
+Each request to ``/v1/completions`` or ``/v1/chat/completions`` takes the next :class:`Reply` of
+the script (or asks the ``responder`` when the script is empty). A reply can answer with text,
+fail with an HTTP status, wait (to trip a client timeout), send a malformed body, or drop the
+connection. The server tokenizes with the :class:`~sao.agents.chat.ByteTokenizer` by default,
+echoes ``prompt_token_ids`` and ``token_ids`` on ``/v1/completions`` as vLLM does with
+``return_token_ids``, and records every request it saw::
 
     with FakeServer([Reply(status=503), Reply(text="\\\\boxed{4}")]) as server:
         client = OpenAICompletionClient(server.base_url, "fake")
+
+``/v1/chat/completions`` answers as hosted APIs do: text, native ``tool_calls`` (a reply's
+``tool_calls``) and ``usage`` (unless ``usage=False``), and never token ids. ``chat_only=True``
+makes the server a hosted chat model: ``/v1/completions`` answers 404 without taking a reply.
+The responder of a chat request gets the messages rendered as ChatML text (tool calls included).
+Note that ``sao-eval``'s ``--endpoint-mode auto`` probe is a ``/v1/completions`` request: on a
+server that is not ``chat_only`` it takes a reply like any other request.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ class Reply:
     omit: tuple[str, ...] = ()  # choice fields to leave out ("token_ids", "logprobs")
     weight_version: str | None = None
     end_with_eos: bool = True  # append the EOS token when finish_reason is "stop"
+    tool_calls: tuple[dict[str, Any], ...] = ()  # chat route: native tool calls, sent as given
+    usage: bool = True  # chat route: report usage
 
 
 @dataclass
@@ -47,6 +57,7 @@ class FakeServer:
     model: str = "fake"
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0  # 0: a free one (kept across kill() and restart())
+    chat_only: bool = False  # /v1/completions answers 404, as for a hosted chat model
 
     def __post_init__(self) -> None:
         self._script = deque(self.script)
@@ -95,10 +106,18 @@ class FakeServer:
             self.requests.append(request)
             if self._script:
                 return self._script.popleft()
-        prompt = self.tokenizer.decode(request.get("prompt") or [], skip_special_tokens=False)
-        return self.responder(request, prompt) if self.responder else Reply(text="I don't know.")
+        return self.responder(request, self.prompt_text(request)) if self.responder else Reply(text="I don't know.")
+
+    def prompt_text(self, request: dict[str, Any]) -> str:
+        """The request's prompt as text: token ids decoded, a text prompt as is, chat messages as ChatML."""
+        if "messages" in request:
+            return render_chat(request["messages"])
+        prompt = request.get("prompt") or []
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
 
     def completion_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        prompt = request.get("prompt") or []
+        prompt_ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else prompt
         ids = list(self.tokenizer.encode(reply.text))
         limit = int(request.get("max_tokens") or 16)
         finish = reply.finish_reason
@@ -111,7 +130,7 @@ class FakeServer:
             "text": self.tokenizer.decode(ids, skip_special_tokens=True),
             "finish_reason": finish,
             "token_ids": ids,
-            "prompt_token_ids": request.get("prompt"),
+            "prompt_token_ids": prompt_ids,
             "logprobs": {"token_logprobs": [reply.logprob] * len(ids), "tokens": None, "top_logprobs": None,
                          "text_offset": None},
         }
@@ -119,12 +138,46 @@ class FakeServer:
             choice.pop(key, None)
         body: dict[str, Any] = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()),
                                 "model": self.model, "choices": [choice],
-                                "usage": {"prompt_tokens": len(request.get("prompt") or []),
+                                "usage": {"prompt_tokens": len(prompt_ids),
                                           "completion_tokens": len(ids),
-                                          "total_tokens": len(request.get("prompt") or []) + len(ids)}}
+                                          "total_tokens": len(prompt_ids) + len(ids)}}
         if reply.weight_version is not None:
             body["weight_version"] = reply.weight_version
         return body
+
+    def chat_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """A ``/v1/chat/completions`` answer: no token ids; a reply longer than ``max_tokens`` is cut
+        (``finish_reason`` "length", its tool calls dropped)."""
+        ids = list(self.tokenizer.encode(reply.text))
+        calls = list(reply.tool_calls)
+        limit = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
+        finish = "tool_calls" if calls else reply.finish_reason
+        if len(ids) > limit:
+            ids, calls, finish = ids[:limit], [], "length"
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+        if calls:
+            message["tool_calls"] = calls
+        body: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                                "model": self.model,
+                                "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if reply.usage:
+            n_prompt = len(self.tokenizer.encode(render_chat(request.get("messages") or [])))
+            n_out = len(ids) + (len(self.tokenizer.encode(json.dumps(calls))) if calls else 0)
+            body["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        if reply.weight_version is not None:
+            body["weight_version"] = reply.weight_version
+        return body
+
+
+def render_chat(messages: list[dict[str, Any]]) -> str:
+    """ChatML text of chat ``messages``, tool calls as Hermes ``<tool_call>`` blocks, ending with the
+    assistant header."""
+    text = ""
+    for m in messages:
+        calls = "".join(f"<tool_call>{json.dumps(c.get('function', c))}</tool_call>" for c in m.get("tool_calls") or ())
+        text += f"<|im_start|>{m.get('role')}\n{m.get('content') or ''}{calls}<|im_end|>\n"
+    return text + "<|im_start|>assistant\n"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -152,7 +205,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
-        if self.path != "/v1/completions":
+        chat = self.path == "/v1/chat/completions"
+        if self.path == "/v1/completions" and self.fake.chat_only:
+            self._send(404, json.dumps({"error": {"message": f"{self.fake.model} is a chat model and not supported "
+                                                            "in the v1/completions endpoint", "code": 404}}).encode())
+            return
+        if not chat and self.path != "/v1/completions":
             self._send(404, b'{"error": {"message": "not found"}}')
             return
         reply = self.fake.next_reply(request)
@@ -168,4 +226,5 @@ class _Handler(BaseHTTPRequestHandler):
             body = {"error": {"message": reply.error, "type": "BadRequestError", "code": reply.status}}
             self._send(reply.status, json.dumps(body).encode())
         else:
-            self._send(200, json.dumps(self.fake.completion_body(request, reply)).encode())
+            body = self.fake.chat_body(request, reply) if chat else self.fake.completion_body(request, reply)
+            self._send(200, json.dumps(body).encode())
