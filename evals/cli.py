@@ -38,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --base-url, the served model name (default: smollm2-135m)")
     p.add_argument("--base-url", help="use this OpenAI-compatible endpoint (e.g. http://host:8000/v1) instead of a local vLLM")
     p.add_argument("--api-key", help="API key for --base-url")
-    p.add_argument("--tokenizer", help="tokenizer directory or id (default: the model)")
+    p.add_argument("--tokenizer", help="tokenizer directory or id (default: the model; not used in chat mode)")
+    p.add_argument("--endpoint-mode", choices=["auto", "tokens", "chat"], default="auto",
+                   help="how to talk to --base-url: tokens (token ids in and out on /v1/completions, as vLLM "
+                        "serves; needs the tokenizer; trajectories are trainable), chat (text on "
+                        "/v1/chat/completions with native tool calls, as hosted APIs serve; no tokenizer; "
+                        "trajectories are text only, not trainable), or auto (default: probe the endpoint once "
+                        "and use chat when it returns no token ids). A local vLLM always runs in tokens mode"),
     p.add_argument("--data", help="local dataset file (jsonl, json, csv, parquet) or URL instead of the hub default")
     p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
     p.add_argument("--limit", type=int, help="only the first N tasks (arithmetic, being endless, defaults to 100)")
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
+            endpoint_mode=args.endpoint_mode,
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
@@ -135,9 +142,12 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     for k, v in summary["pass@k"].items():
         table.add_row(f"pass@{k}", f"{v:.4f}")
     for key in ("resolved", "graded_by_fallback", "infra_errors", "n_failed", "n_truncated", "tokens_generated",
-                "wall_s"):
+                "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
     Console().print(table)
+    if summary["mode"] in ("text", "mixed"):
+        console.print("text mode: the trajectories hold text turns and the API's usage counts, not tokens; "
+                      "they cannot be trained on")
     console.print(f"outputs in {output}")
 
 

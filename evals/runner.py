@@ -3,12 +3,17 @@
 Outputs in ``output/``:
 * ``trajectories.jsonl``, one line per episode, appended as episodes finish;
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
-* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, ...
+* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, ...
 * ``run.json``: the configuration, checked on ``--resume``;
 * ``vllm.log`` when a local engine was started.
 
 Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
 ``status == "ok"``; failed episodes (engine errors) are run again.
+
+The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.endpoint`): the token
+loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no token ids, the text loop
+on the chat API (:func:`~sao.agents.run_text_episode`). Grading, pass@k, resume and the SWE outputs
+are the same in both; ``summary.json`` says which mode the episodes ran in.
 """
 
 from __future__ import annotations
@@ -23,8 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy, Trajectory, run_episode
-from sao.agents.endpoint import Endpoint, open_endpoint
+from sao.agents import (
+    ChatRenderer,
+    LoopConfig,
+    OpenAIChatClient,
+    OpenAICompletionClient,
+    RetryPolicy,
+    Trajectory,
+    run_episode,
+    run_text_episode,
+)
+from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
@@ -34,7 +48,8 @@ from .metrics import mean_pass_at_k
 
 log = logging.getLogger(__name__)
 
-# Fields that must match between a run and its --resume; the rest (concurrency, ...) may change.
+# Fields that must match between a run and its --resume; the rest (concurrency, ...) may change. The
+# endpoint mode may change too: each trajectory records its own, and summary.json reports them.
 _IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns",
              "seed", "env_args", "grade_only")
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
@@ -69,8 +84,13 @@ class EvalConfig:
     resume: bool = False
     env_args: dict[str, Any] = field(default_factory=dict)
     grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
+    endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.endpoint)
 
     def __post_init__(self) -> None:
+        if self.endpoint_mode not in ENDPOINT_MODES:
+            raise EvalError(f"--endpoint-mode must be one of {ENDPOINT_MODES}, got {self.endpoint_mode!r}")
+        if self.endpoint_mode == "chat" and self.base_url is None and self.agent == "llm" and self.grade_only is None:
+            raise EvalError("--endpoint-mode chat needs --base-url: a local vLLM is run in tokens mode")
         for name in ("samples", "concurrency", "max_tokens", "max_turns"):
             if getattr(self, name) < 1:
                 raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -172,13 +192,16 @@ async def run_pairs(
     """
     env_name = resolve(cfg.benchmark).name
     semaphore = asyncio.Semaphore(cfg.concurrency)
-    client, renderers = None, {}
+    client: OpenAICompletionClient | OpenAIChatClient | None = None
+    renderers: dict[tuple[str, ...], ChatRenderer] = {}
     if endpoint is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(endpoint.tokenizer)
-        client = OpenAICompletionClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key,
-                                        timeout_s=cfg.timeout_s, retry=RetryPolicy(), max_connections=cfg.concurrency)
+        client_args = dict(api_key=endpoint.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
+                           max_connections=cfg.concurrency)
+        if endpoint.mode == "chat":  # the text loop: no tokenizer
+            client = OpenAIChatClient(endpoint.base_url, endpoint.model, **client_args)
+        else:
+            tokenizer = load_tokenizer(endpoint)
+            client = OpenAICompletionClient(endpoint.base_url, endpoint.model, **client_args)
         loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
                               max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
 
@@ -195,6 +218,9 @@ async def run_pairs(
             policy = policies(env.unwrapped, cfg.agent, task_id)
             return await run_scripted_episode(env, policy, env_name=env_name, task_id=task_id, sample=sample,
                                               seed=seed, max_turns=cfg.max_turns)
+        if isinstance(client, OpenAIChatClient):
+            return await run_text_episode(env, client, loop_cfg, env_name=env_name, task_id=task_id,
+                                          sample=sample, seed=seed)
         tools = tuple(getattr(env.unwrapped, "tools", ()))
         key = tuple(json.dumps(t, sort_keys=True) for t in tools)
         renderer = renderers.setdefault(key, ChatRenderer(tokenizer, tools))
@@ -218,6 +244,19 @@ async def run_pairs(
             await client.aclose()
 
 
+def load_tokenizer(endpoint: Endpoint) -> Any:
+    """The tokenizer that tokens mode needs, or an :class:`EvalError` that says what to pass instead."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(endpoint.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - OSError, ValueError, ...: all mean "no tokenizer here"
+        hint = "" if endpoint.managed else (
+            "; for an endpoint that returns no token ids (hosted APIs), use --endpoint-mode chat (or auto)")
+        raise EvalError(f"tokens mode needs the model's tokenizer, and {endpoint.tokenizer!r} cannot be loaded "
+                        f"({type(exc).__name__}: {str(exc)[:300]}); pass --tokenizer DIR_OR_HF_ID{hint}") from exc
+
+
 def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Build results and summary from every trajectory on disk (the latest per pair wins)."""
     latest: dict[tuple[str, int], Trajectory] = {}
@@ -233,7 +272,9 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         fallback += any(r is not None and r.info.get("graded_by") == "fallback" for r in runs)
     planned = set(task_ids)
     done = [t for t in latest.values() if t.task_id in planned]
-    tokens = sum(t.num_action_tokens for t in done)
+    tokens = sum(t.generated_tokens for t in done)
+    played = cfg.agent == "llm" and cfg.grade_only is None
+    modes = sorted({t.mode for t in done}) if played else []
     pass_k = mean_pass_at_k(outcomes)
     summary = {
         "benchmark": cfg.benchmark,
@@ -246,7 +287,10 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "pass@1": pass_k.get("1", 0.0),
         "pass@k": pass_k,
         "graded_by_fallback": fallback,
-        "tokens_generated": tokens,
+        "tokens_generated": tokens,  # text mode: the API's usage.completion_tokens
+        # tokens: the token loop (trainable); text: a chat endpoint without token ids; mixed: a resume changed it
+        "mode": (modes[0] if len(modes) == 1 else "mixed") if modes else None,
+        "turns_without_usage": sum(t.completion_tokens is None for d in done if d.mode == "text" for t in d.turns),
         "wall_s": round(wall_s, 3),
         "n_episodes": len(done),
         "n_missing": len(task_ids) * cfg.samples - len(done),
@@ -303,7 +347,8 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     rollout_s = 0.0
     if pairs:
         engine = (open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
-                                max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log")
+                                max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log",
+                                mode=cfg.endpoint_mode)
                   if cfg.agent == "llm" and cfg.grade_only is None else contextlib.nullcontext())
         with engine as endpoint, TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
