@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 import sao.envs as E
@@ -25,6 +26,7 @@ from sao.agents import (
     TurnRecord,
     run_text_episode,
 )
+from sao.agents.chat_client import parse_chat_completion
 from sao.agents.chat_history import NO_RESULT, api_messages
 from sao.agents.endpoint import open_endpoint
 from sao.agents.fake_server import FakeServer, Reply
@@ -100,11 +102,10 @@ def test_old_records_read_as_tokens_mode_and_text_mode_holds_no_tokens():
     t = Trajectory("e", "arithmetic", TASK, 0, None, (1, 2), (0, 1), (0.0, -0.5),
                    (TurnRecord(1, 1, "stop", None, 0.0, 1.0),), ({"role": "user", "content": "q"},), 0.0, True, False,
                    "ok")
-    record = json.loads(t.to_json())
-    for key in ("mode",):
-        record.pop(key)
+    record = json.loads(t.to_json())  # as written before the text mode existed
+    del record["mode"]
     for turn in record["turns"]:
-        turn.pop("prompt_tokens"), turn.pop("completion_tokens")
+        del turn["prompt_tokens"], turn["completion_tokens"]
     old = Trajectory.from_json(json.dumps(record))
     assert old == t and old.mode == "tokens" and old.trainable and old.generated_tokens == 1
     with pytest.raises(ValueError, match="text-mode trajectory has no tokens"):
@@ -436,3 +437,19 @@ def test_tokens_mode_without_a_tokenizer_says_what_to_pass(tmp_path, monkeypatch
     with FakeServer(chat_only=True) as server:
         with pytest.raises(EvalError, match="--endpoint-mode chat"):
             evaluate(eval_cfg(tmp_path, server, endpoint_mode="tokens", model="org/no-such-model"))
+
+
+def test_fake_chat_answers_parse_as_the_openai_sdks_chat_completion():
+    """The fake speaks the real schema: its answers validate as ``openai.types.chat.ChatCompletion``."""
+    from openai.types.chat import ChatCompletion as SDKChatCompletion
+
+    calls = (native("bash", {"command": "ls"}, "call_1"),)
+    with FakeServer([Reply(tool_calls=calls), Reply(text="hi", usage=False)], chat_only=True) as server:
+        for _ in range(2):
+            r = httpx.post(server.base_url + "/chat/completions", timeout=10,
+                           json={"model": "fake", "messages": [{"role": "user", "content": "x"}], "max_tokens": 8})
+            parsed = SDKChatCompletion.model_validate(r.json())
+            ours = parse_chat_completion(r.json())
+            assert ours.text == (parsed.choices[0].message.content or "")
+            assert ours.finish_reason == parsed.choices[0].finish_reason
+    assert ours.completion_tokens is None and parsed.usage is None
