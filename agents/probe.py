@@ -10,7 +10,6 @@ that does not answer is not a chat endpoint.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,6 @@ import httpx
 
 from .errors import EngineUnavailableError
 from .transport import RetryPolicy
-
-log = logging.getLogger(__name__)
 
 PROBE_PROMPT = "Hello"
 
