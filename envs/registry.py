@@ -37,6 +37,8 @@ class EnvEntry:
     description: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_episode_steps: int | None = None
+    # "math" or "coding": picks the learner's defaults that differ by domain (DIS band, METHOD.md 1.8)
+    domain: str = "math"
 
 
 BUILTINS = (
@@ -47,13 +49,17 @@ BUILTINS = (
     EnvEntry("imo-answerbench", "sao/IMO-AnswerBench-v0", "sao.envs.math_envs:imo_answerbench",
              "IMO-AnswerBench v2: 400 problems with short answers"),
     EnvEntry("swe-bench-verified", "sao/SWEBench-Verified-v0", "sao.envs.swebench:swe_bench_verified",
-             "SWE-bench Verified: 500 GitHub issues, fixed with bash/editor tools in Docker, graded by their tests"),
+             "SWE-bench Verified: 500 GitHub issues, fixed with bash/editor tools in Docker, graded by their tests",
+             domain="coding"),
     EnvEntry("swe-bench-lite", "sao/SWEBench-Lite-v0", "sao.envs.swebench:swe_bench_lite",
-             "SWE-bench Lite: 300 self-contained GitHub issues, graded by their tests in Docker"),
+             "SWE-bench Lite: 300 self-contained GitHub issues, graded by their tests in Docker",
+             domain="coding"),
     EnvEntry("swe-bench", "sao/SWEBench-Full-v0", "sao.envs.swebench:swe_bench_full",
-             "SWE-bench (full test split): 2,294 GitHub issues, graded by their tests in Docker"),
+             "SWE-bench (full test split): 2,294 GitHub issues, graded by their tests in Docker",
+             domain="coding"),
     EnvEntry("swe-local", "sao/SWELocal-v0", "sao.envs.swebench:swe_local",
-             "6 small local repositories with real bugs in SWE-bench's schema; offline, needs Docker"),
+             "6 small local repositories with real bugs in SWE-bench's schema; offline, needs Docker",
+             domain="coding"),
 )
 
 

@@ -20,8 +20,10 @@ class AlgoConfig:
     name: str = "sao"
     group_size: int = 1  # samples per prompt: 1 for single-rollout methods, G for GRPO
     loss: str = "dis"  # dis | ppo (the policy loss; see sao.rl.algos.LOSSES)
-    eps_low: float = 0.3  # DIS band (1 - eps_low, 1 + eps_high); PPO clip range (0.2 / 0.28)
-    eps_high: float = 5.0
+    # DIS band (1 - eps_low, 1 + eps_high) or PPO clip range; None: by the environment's domain for DIS
+    # (DIS_BANDS: math 0.3 / 5.0, coding 0.8 / 3.0) and 0.2 / 0.28 for PPO (resolve_defaults)
+    eps_low: float | None = None
+    eps_high: float | None = None
     dual_clip_c: float | None = None  # PPO dual-clip constant (> 1), None: off
     is_correction: str = "none"  # PPO only: none | tis (truncated IS) | icepop (masked IS)
     is_cap: float = 2.0  # tis: min(pi_old / pi_rollout, is_cap)
@@ -64,6 +66,11 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
     max_tokens: int = 256  # generated tokens per trajectory, all turns together
+    domain: str | None = None  # math | coding; None: the registry entry's (sao.envs.registry.EnvEntry.domain)
+    # episodes of this env in flight at once in this process, over every replica (each coding episode
+    # holds a container); None: no bound beyond rollout.concurrency for math, and for coding what the
+    # machine holds (sao.sandboxes.container_slots: 2 per core, 1 per 2 GB available)
+    max_concurrent: int | None = None
     # merged over kwargs for the held-out evaluation (e.g. {split: test} while kwargs has split: train);
     # None: the env has no held-out split and sao-train does not evaluate it
     heldout_kwargs: dict[str, Any] | None = None
@@ -100,6 +107,10 @@ class ModelConfig:
     # the learner's attention kernel: auto = eager under bf16 autocast on the CPU (torch's CPU flash
     # attention is 10x slower in bf16 backward there: benchmarks/learner_speed.py), sdpa otherwise
     attn_implementation: str = "auto"
+    # recompute each decoder layer in the backward pass (sao.rl.checkpointing): "auto" turns it on when
+    # a trajectory may exceed 1,024 tokens (engine.max_model_len > 1024 and env.max_tokens > 512: the
+    # coding envs), where activations, not weights, fill the memory; true / false force it
+    activation_checkpointing: Any = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -242,6 +253,36 @@ def scheduler_config(cfg: TrainConfig) -> Any:
         raise ConfigError(f"rollout: {exc}") from exc
 
 
+DIS_BANDS = {"math": (0.3, 5.0), "coding": (0.8, 3.0)}
+"""SAO's DIS band (eps_low, eps_high) per domain (METHOD.md 1.8)."""
+PPO_CLIP = (0.2, 0.28)  # clip-higher (DAPO)
+
+
+def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
+    """Fill what the config leaves to the environment: ``env.domain`` from the registry, then the
+    loss's band (``algo.eps_low`` / ``eps_high``) where it is None, and a coding env's container
+    bound (``env.max_concurrent``). Returns ``cfg`` (changed in
+    place), so that the run folder's config.json holds the values the run used."""
+    from sao.envs.errors import UnknownEnvError
+    from sao.envs.registry import resolve
+
+    if cfg.env.domain is None:
+        try:
+            cfg.env.domain = resolve(cfg.env.name).domain
+        except UnknownEnvError as exc:
+            raise ConfigError(str(exc)) from exc
+    if cfg.env.domain not in DIS_BANDS:
+        raise ConfigError(f"env.domain must be one of {', '.join(DIS_BANDS)}, got {cfg.env.domain!r}")
+    if cfg.env.max_concurrent is None and cfg.env.domain == "coding":
+        from sao.sandboxes import container_slots
+
+        cfg.env.max_concurrent = container_slots()
+    low, high = DIS_BANDS[cfg.env.domain] if cfg.algo.loss == "dis" else PPO_CLIP
+    cfg.algo.eps_low = low if cfg.algo.eps_low is None else cfg.algo.eps_low
+    cfg.algo.eps_high = high if cfg.algo.eps_high is None else cfg.algo.eps_high
+    return cfg
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that a schema cannot express. Raises :class:`ConfigError`."""
     for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints"):
@@ -252,6 +293,8 @@ def validate(cfg: TrainConfig) -> None:
     g = cfg.algo.group_size
     if g < 1 or cfg.batch_size % g:
         raise ConfigError(f"batch_size ({cfg.batch_size}) must be a positive multiple of algo.group_size ({g})")
+    if cfg.env.max_concurrent is not None and cfg.env.max_concurrent < 1:
+        raise ConfigError(f"env.max_concurrent must be >= 1, got {cfg.env.max_concurrent}")
     if cfg.rollout.concurrency < 1:
         raise ConfigError(f"rollout.concurrency must be >= 1, got {cfg.rollout.concurrency}")
     from sao.rl.rollout import MODES
@@ -283,7 +326,17 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("eval.every must be >= 0, eval.problems and eval.concurrency >= 1")
     if cfg.rollout.mode != "sync":
         scheduler_config(cfg)
+    if cfg.model.activation_checkpointing not in ("auto", True, False):
+        raise ConfigError(f"model.activation_checkpointing must be auto, true or false, "
+                          f"got {cfg.model.activation_checkpointing!r}")
     validate_lora(cfg.model.lora)
+
+
+def activation_checkpointing(cfg: TrainConfig) -> bool:
+    """Whether the learner checkpoints activations (``model.activation_checkpointing``)."""
+    if cfg.model.activation_checkpointing == "auto":
+        return cfg.env.max_tokens > 512 and cfg.engine.max_model_len > 1024
+    return bool(cfg.model.activation_checkpointing)
 
 
 def validate_lora(lora: LoraConfig) -> None:

@@ -21,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from sao.rl.config import ConfigError, TrainConfig
+from sao.rl.config import ConfigError, TrainConfig, resolve_defaults
 
 log = logging.getLogger("sao.train")
 
@@ -53,7 +53,7 @@ def to_config(cfg: DictConfig) -> TrainConfig:
     """The composed DictConfig as the typed :class:`TrainConfig` (resolving interpolations)."""
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, TrainConfig)
-    return obj
+    return resolve_defaults(obj)
 
 
 @hydra.main(config_path="pkg://sao.conf", config_name="config", version_base="1.3")

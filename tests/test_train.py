@@ -430,3 +430,26 @@ def test_episodes_without_a_verdict_are_not_trained_on():
     assert "EngineError" in failure(t("failed"))
     assert "infrastructure" in failure(t(error="the grading container did not start"))
     assert "could not judge" in failure(t(eval_error="the tests cannot run in this image"))
+
+
+def composed(*overrides: str) -> TrainConfig:
+    from hydra import compose, initialize_config_module
+
+    import sao.rl.train_cli  # noqa: F401  (registers the schema and the resolver)
+    from sao.rl.train_cli import to_config
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        return to_config(compose("config", overrides=list(overrides)))
+
+
+def test_the_dis_band_follows_the_environments_domain():
+    """METHOD.md 1.8: math 0.3 / 5.0, coding 0.8 / 3.0, chosen by the env unless the config names one."""
+    sao = composed()
+    assert (sao.env.domain, sao.algo.eps_low, sao.algo.eps_high) == ("math", 0.3, 5.0)
+    swe = composed("env.name=swe-local")
+    assert (swe.env.domain, swe.algo.eps_low, swe.algo.eps_high) == ("coding", 0.8, 3.0)
+    assert composed("algo=grpo_dis", "env.name=swe-local").algo.eps_low == 0.8
+    assert composed("env.name=swe-local", "algo.eps_low=0.5").algo.eps_low == 0.5  # an explicit value wins
+    assert composed("algo=grpo", "env.name=swe-local").algo.eps_high == 0.28  # PPO's clip is not DIS's band
+    with pytest.raises(ConfigError, match="unknown environment"):
+        composed("env.name=no-such-env")

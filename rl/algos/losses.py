@@ -68,10 +68,16 @@ class PPOClipLoss:
 
 
 def make_loss(cfg: AlgoConfig) -> PolicyLoss:
-    """The policy loss ``cfg.loss`` names (``dis`` or ``ppo``) with ``cfg``'s knobs."""
+    """The policy loss ``cfg.loss`` names (``dis`` or ``ppo``) with ``cfg``'s knobs. A band left None
+    (``sao.rl.config.resolve_defaults`` fills it from the env's domain) is the loss's own default:
+    math's DIS band, PPO's clip-higher range."""
     if cfg.loss == "dis":
-        return DISLoss(cfg.eps_low, cfg.eps_high)
+        return DISLoss(*_band(cfg, DISLoss.eps_low, DISLoss.eps_high))
     if cfg.loss == "ppo":
-        return PPOClipLoss(cfg.eps_low, cfg.eps_high, cfg.dual_clip_c, cfg.is_correction, cfg.is_cap,
-                           cfg.icepop_low, cfg.icepop_high)
+        return PPOClipLoss(*_band(cfg, PPOClipLoss.eps_low, PPOClipLoss.eps_high), cfg.dual_clip_c, cfg.is_correction,
+                           cfg.is_cap, cfg.icepop_low, cfg.icepop_high)
     raise ConfigError(f"algo.loss must be 'dis' or 'ppo', got {cfg.loss!r}")
+
+
+def _band(cfg: AlgoConfig, low: float, high: float) -> tuple[float, float]:
+    return (low if cfg.eps_low is None else cfg.eps_low, high if cfg.eps_high is None else cfg.eps_high)
