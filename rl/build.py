@@ -24,7 +24,15 @@ from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
-from sao.rl.config import ConfigError, TrainConfig, engine_urls, scheduler_config, validate
+from sao.rl.config import (
+    ConfigError,
+    TrainConfig,
+    activation_checkpointing,
+    engine_urls,
+    resolve_defaults,
+    scheduler_config,
+    validate,
+)
 from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.memory import LearnerThread, configure_allocator
@@ -119,7 +127,7 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
                       max_model_len=cfg.engine.max_model_len, temperature=e.temperature, top_p=1.0)
     return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name,
                        env_kwargs={**env_kwargs(cfg), **cfg.env.heldout_kwargs}, loop=loop, problems=e.problems,
-                       concurrency=e.concurrency, path=RunFiles(run_dir).eval)
+                       concurrency=min(e.concurrency, cfg.env.max_concurrent or 1 << 30), path=RunFiles(run_dir).eval)
 
 
 def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learner:
@@ -144,6 +152,11 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learne
         value = ValueModel.from_policy(policy).to(device)
         value.backbone.set_attn_implementation(attention(config.critic_autocast))
     policy, value = _wrap_lora(cfg, policy, value)
+    if activation_checkpointing(cfg):
+        from sao.rl.checkpointing import enable_activation_checkpointing
+
+        n = [enable_activation_checkpointing(m) for m in (policy, value) if m is not None]
+        log.info("activation checkpointing: %s decoder layers recomputed in the backward pass", " + ".join(map(str, n)))
     return Learner(policy, config, value_model=value)
 
 
@@ -192,7 +205,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
             if cfg.rollout.mode == "sync":
                 source: Any = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
                                           env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
-                                          group_size=cfg.algo.group_size, concurrency=cfg.rollout.concurrency,
+                                          group_size=cfg.algo.group_size,
+                                          concurrency=min(cfg.rollout.concurrency, cfg.env.max_concurrent or 1 << 30),
                                           seed=cfg.seed)
                 sync: Any = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
                                        keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
@@ -235,14 +249,17 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], client
     from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
 
     kwargs = env_kwargs(cfg)
+    # env.max_concurrent bounds the episodes of every replica together (a coding episode holds a container)
+    slots = asyncio.Semaphore(cfg.env.max_concurrent) if cfg.env.max_concurrent else contextlib.nullcontext()
 
     async def play(client: Any, ref: Any, sample: int, seed: int) -> Any:
-        env = make(env_name, **kwargs)
-        try:
-            return await run_episode(env, client, renderer_for(tuple(getattr(env.unwrapped, "tools", ()))), loop,
-                                     env_name=env_name, task_id=ref.task_id, sample=sample, seed=seed)
-        finally:
-            await asyncio.to_thread(env.close)
+        async with slots:
+            env = make(env_name, **kwargs)
+            try:
+                return await run_episode(env, client, renderer_for(tuple(getattr(env.unwrapped, "tools", ()))),
+                                         loop, env_name=env_name, task_id=ref.task_id, sample=sample, seed=seed)
+            finally:
+                await asyncio.to_thread(env.close)
 
     r, config = cfg.rollout, scheduler_config(cfg)
     def replica(engine: Engine, client: Any, control: Any) -> Replica:
@@ -270,6 +287,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
     if not cfg.resume:
         refuse_to_overwrite(run_dir)  # before anything slow starts
     run_dir.mkdir(parents=True, exist_ok=True)
+    resolve_defaults(cfg)  # the env's domain and the loss band it implies, written into config.json
     (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str) + "\n")
     sinks: list[MetricsSink] = []
     if cfg.logger.console if console is None else console:

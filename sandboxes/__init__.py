@@ -13,6 +13,7 @@ This package is a leaf: it imports nothing else of ``sao``.
 
 from .base import TIMEOUT_EXIT_CODE, ExecResult, Sandbox, SandboxLimits
 from .base_image import BASE_IMAGE, ensure_base_image
+from .capacity import container_slots
 from .docker import LABEL_KEY, LABEL_VALUE, DockerSandbox, gc
 from .errors import (
     DockerUnavailableError,
@@ -27,7 +28,7 @@ from .pool import SandboxPool
 from .swe_image import ImageBuild, SWEImageSpec, build_swe_image
 
 __all__ = [
-    "BASE_IMAGE", "LABEL_KEY", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
+    "BASE_IMAGE", "LABEL_KEY", "container_slots", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
     "ExecResult", "FakeSandbox", "FakeSandboxFactory", "ImageBuild", "LocalSandbox", "Sandbox", "SandboxClosedError",
     "SWEImageSpec", "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError",
     "build_swe_image", "bwrap_usable", "ensure_base_image", "gc",
