@@ -369,3 +369,38 @@ def test_first_value_step_equals_targets_from_a_separate_forward_then_a_step():
     assert m_first["loss/value"] == pytest.approx(m_sep["loss/value"], rel=1e-5)
     for pa, pc in zip(a.value_model.parameters(), c.value_model.parameters()):
         assert torch.allclose(pa, pc, atol=1e-6)
+
+
+def test_activation_checkpointing_gives_the_same_gradients_and_keeps_dropout_off():
+    from sao.rl.checkpointing import enable_activation_checkpointing
+
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
+    grads = []
+    for checkpointed in (False, True):
+        model = tiny_llama()
+        if checkpointed:
+            assert enable_activation_checkpointing(model) == 2
+            assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.Dropout))
+            assert not model.training  # the model stays in eval mode; only its layers' switch is on
+        calls = []
+        # (not the MLP: the recompute stops once the last saved tensor, inside the MLP, is back)
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+        loss = model(ids).logits.log_softmax(-1).mean()
+        loss.backward()
+        assert len(calls) == (2 if checkpointed else 1)  # recomputed in the backward pass
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    value = ValueModel.from_policy(tiny_llama())
+    assert enable_activation_checkpointing(value) == 2
+
+
+def test_activation_checkpointing_is_on_for_long_trajectories_only():
+    from sao.rl.config import TrainConfig, activation_checkpointing
+
+    cfg = TrainConfig()
+    assert not activation_checkpointing(cfg)  # arithmetic: 128-256 tokens
+    cfg.env.max_tokens, cfg.engine.max_model_len = 1024, 2048
+    assert activation_checkpointing(cfg)
+    cfg.model.activation_checkpointing = False
+    assert not activation_checkpointing(cfg)
