@@ -99,10 +99,15 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     epoch can draw the same task twice in one batch: two groups, not one). Trajectories without a
     ``prompt_index`` (built by hand) group by ``(env, task_id)``. Raises ValueError on an empty list
     or on a trajectory whose first token is marked as an action (a token without a prefix has no
-    log-prob to train).
+    log-prob to train), and refuses text-mode trajectories (``Trajectory.trainable`` false).
     """
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
+    text = [tr.episode_id for tr in trajectories if not tr.trainable]
+    if text:
+        raise ValueError(f"{len(text)} trajectory(ies) ({', '.join(map(repr, text[:3]))}) were recorded in text mode "
+                         "(a chat-only endpoint: sao-eval --endpoint-mode chat): they hold text turns, no sampled "
+                         "token ids or log-probs, and cannot be trained on; record them with a token endpoint (vLLM)")
     b, t = len(trajectories), max(max(len(tr.token_ids) for tr in trajectories), 1)
     input_ids = torch.full((b, t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((b, t), dtype=torch.long)

@@ -34,3 +34,12 @@ def test_trajectories_without_a_prompt_index_group_by_task():
     # built by hand, with no source to stamp a draw: samples of one task id are one group, as before
     b = collate([traj("a", 0, 1.0, None), traj("b", 0, 0.0, None), traj("a", 1, 0.0, None)], pad_id=0)
     assert b.group_ids.tolist() == [0, 1, 0]
+
+
+def test_text_mode_trajectories_are_refused_with_the_reason():
+    from dataclasses import replace as _replace
+
+    t = traj("t0", 0, 1.0, 0)
+    text = _replace(t, token_ids=(), action_mask=(), logprobs=(), mode="text")
+    with pytest.raises(ValueError, match="text mode"):
+        collate([t, text], pad_id=0)
