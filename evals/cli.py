@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="local dataset file (jsonl, json, csv, parquet) or URL instead of the hub default")
     p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
     p.add_argument("--limit", type=int, help="only the first N tasks (arithmetic, being endless, defaults to 100)")
-    p.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="episodes in flight (default 32; for SWE benchmarks, whose episodes each hold a container, "
+                        "what this machine holds: 2 per core, 1 per 2 GB of available memory)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--max-tokens", type=int, default=1024, help="generated tokens per episode, all turns (default 1024)")
     p.add_argument("--max-turns", type=int, default=50, help="model calls per episode (default 50, as in the paper)")
@@ -58,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
-    p.add_argument("--max-steps", type=int, help="SWE: tool steps before the episode is cut and graded (default 50)")
+    p.add_argument("--max-steps", type=int,
+                   help="SWE: tool steps before the episode is cut and graded (default 300, the paper's, for "
+                        "swe-bench-*; 50 for swe-local)")
     p.add_argument("--image-map", type=Path, help="SWE: JSON file mapping instance_id to a Docker image")
     p.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
                    help="SWE: grade the patches of a predictions.jsonl (instance_id, model_patch) instead of running agents")
@@ -93,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
+        if args.concurrency is None:
+            args.concurrency = default_concurrency(args.benchmark)
         cfg = EvalConfig(
             benchmark=args.benchmark, output=output, agent=args.agent, model=args.model, base_url=args.base_url, api_key=args.api_key,
             tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
@@ -126,23 +132,39 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]interrupted[/]; finished episodes are in {output}; continue with --resume")
         return 130
     _print_summary(summary, output)
+    if summary["eval_errors"]:
+        console.print(f"[yellow]{summary['eval_errors']} episode(s) could not be judged: the tests ran but produced "
+                      "too few of the instance's results, with and without the patch (see 'eval_error' and "
+                      "'grading_log' in trajectories.jsonl): the image cannot run its tests. They count as "
+                      "neither solved nor unresolved, and --resume will not change them.[/]")
     if summary["infra_errors"]:
         console.print(f"[yellow]{summary['infra_errors']} episode(s) hit an infrastructure error (engine, container, "
                       "image; see 'error' in trajectories.jsonl); they are not counted as solved. "
                       "Failed episodes are retried by --resume.[/]")
-        return 1
-    return 0
+    return 1 if summary["infra_errors"] or summary["eval_errors"] else 0
+
+
+def default_concurrency(benchmark: str) -> int:
+    """32 episodes, or for a coding benchmark (each episode holds a container) what the machine holds."""
+    from sao.envs.registry import resolve
+    from sao.sandboxes import container_slots
+
+    if resolve(benchmark).domain != "coding":
+        return 32
+    slots = container_slots()
+    console.print(f"concurrency {slots}: the containers this machine holds (--concurrency to change)")
+    return slots
 
 
 def _print_summary(summary: dict[str, Any], output: Path) -> None:
-    table = Table(title=f"{summary['benchmark']} - {summary['model']}")
+    table = Table(title=f"{summary['benchmark']} - {summary['model'] or summary['agent']}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("tasks x samples", f"{summary['n_tasks']} x {summary['samples_per_task']}")
     for k, v in summary["pass@k"].items():
         table.add_row(f"pass@{k}", f"{v:.4f}")
-    for key in ("resolved", "graded_by_fallback", "infra_errors", "n_failed", "n_truncated", "tokens_generated",
-                "mode", "wall_s"):
+    for key in ("resolved", "graded_by_fallback", "infra_errors", "eval_errors", "n_failed", "n_truncated",
+                "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
     Console().print(table)
     if summary["mode"] in ("text", "mixed"):

@@ -278,7 +278,8 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
     pass_k = mean_pass_at_k(outcomes)
     summary = {
         "benchmark": cfg.benchmark,
-        "model": cfg.model,
+        # the model only when one acted: scripted agents (gold, empty) and --grade-only have none
+        "model": cfg.model if cfg.agent == "llm" and not cfg.grade_only else None,
         "agent": cfg.agent,
         "n_tasks": len(task_ids),
         "n_instances": len(task_ids),
@@ -297,6 +298,9 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "n_failed": sum(t.status == "failed" for t in done),
         # the episode could not be run or graded for a reason that is not the agent's (engine, container, ...)
         "infra_errors": sum(t.status == "failed" or bool(t.info.get("error")) for t in done),
+        # graded, but the grading could not judge (the image cannot run its tests): neither solved nor
+        # unresolved, and not retried by --resume (it would fail the same way)
+        "eval_errors": sum(t.status == "ok" and bool(t.info.get("eval_error")) for t in done),
         "n_truncated": sum(t.truncated for t in done),
         "mean_reward": sum(t.reward for t in done) / len(done) if done else 0.0,
         "temperature": cfg.temperature,

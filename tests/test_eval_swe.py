@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,9 @@ def test_sao_eval_swe_local_scripted_agents(docker_client, tmp_path, agent, reso
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["n_instances"] >= 5 and summary["infra_errors"] == 0
+    assert summary["n_instances"] >= 5 and summary["infra_errors"] == 0 and summary["eval_errors"] == 0
     assert summary["resolved"] == (summary["n_instances"] if resolved == "all" else 0)
+    assert summary["model"] is None and summary["agent"] == agent  # no model acted
     assert not (out / "vllm.log").exists()  # no engine for a scripted agent
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert all(t["info"]["report"] for t in trajectories if agent == "gold")
@@ -76,6 +78,7 @@ def test_grade_only_predictions_reports_and_a_missing_image(docker_client, tmp_p
     assert proc.returncode == 1, proc.stderr[-3000:]  # an infrastructure error is reported, not hidden
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["n_instances"], summary["resolved"], summary["infra_errors"]) == (3, 1, 1)
+    assert summary["model"] is None and summary["eval_errors"] == 0
     reports = {p.stem: json.loads(p.read_text()) for p in (out / "reports").glob("*.json")}
     assert reports[instances[0].instance_id]["resolved"] is True
     assert reports[instances[1].instance_id]["report"]["status"] == "empty_patch"
@@ -95,3 +98,12 @@ def test_max_steps_cuts_and_grades(docker_client, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (t,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert t["truncated"] and t["info"]["exit_status"] == "step_limit" and t["info"]["correct"] is True
+
+
+def test_swe_concurrency_defaults_to_the_containers_the_machine_holds():
+    from sao.evals.cli import default_concurrency
+    from sao.sandboxes import container_slots
+
+    assert default_concurrency("swe-local") == container_slots() <= 2 * (os.cpu_count() or 1)
+    assert default_concurrency("swe-bench-verified") == container_slots()
+    assert default_concurrency("arithmetic") == 32
