@@ -616,6 +616,9 @@ def main() -> int:
     parser.add_argument("--engines", type=int, default=1, help="managed vLLMs, runs in parallel (GPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="per engine, CUDA only")
     parser.add_argument("--deadline-s", type=float, default=None, help="stop training after this wall time, then report")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the runs already in --out as they are (their configurations are "
+                             "not compared with today's defaults; the wall time is the sum of the runs')")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints/ and weights/")
     parser.add_argument("--out", type=Path, default=Path("runs/learning_arithmetic"))
     args = parser.parse_args()
@@ -631,9 +634,19 @@ def main() -> int:
     jobs = [Job(arm, seed, args.out / f"{arm.slug}-seed{seed}", build_config(arm, seed, args, "http://unset"))
             for seed in sorted(set(seeds) | set(lora_seeds)) for arm in arms
             if seed in (lora_seeds if arm.label == "sao+lora" else seeds)]
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if args.report_only:
+        for job in jobs:
+            bench = job.run_dir / "bench.json"
+            job.wall_s = json.loads(bench.read_text())["wall_s"] if bench.is_file() else 0.0
+            job.status = "finished" if last_step(job.run_dir) >= job.cfg.max_steps else "unfinished"
+        wall = sum(job.wall_s for job in jobs)
+        report(jobs, args, wall, console)
+        console.print(f"report only: {len(jobs)} runs, {wall / 60:.1f} min of training in all; "
+                      f"{args.out / 'heldout.png'}, {args.out / 'summary.json'}")
+        return 0 if all(j.status == "finished" for j in jobs) else 1
     for job in jobs:
         check_folder(job.run_dir, job.cfg)
-    console = Console(width=None if sys.stdout.isatty() else 200)
     args.out.mkdir(parents=True, exist_ok=True)
     console.print(f"{len(jobs)} runs, estimated {estimate_s(arms, seeds, lora_seeds, args) / 60:.0f} min "
                   f"(2-core figures; reused runs take none)")

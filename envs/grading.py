@@ -193,8 +193,12 @@ def _last_number(text: str) -> str | None:
 def grade(pred: str | None, gold: str, *, integer: bool = False) -> Grade:
     """Is ``pred`` equivalent to the reference ``gold``? Never raises.
 
-    ``integer=True`` (integer-answer benchmarks) compares exact integers when both sides are plain
-    integers after normalisation, and otherwise falls through to the general path.
+    ``integer=True`` (integer-answer benchmarks: arithmetic, BeyondAIME) compares exact integers when
+    the reference is a plain integer: the answer must be a plain integer too, or end with ``= N``
+    (``53 + 52 = 105``). An expression that merely evaluates to the reference is not an answer:
+    math-verify would call ``53 + 52`` equal to ``105``, and a policy trained on generated
+    arithmetic learned within five steps to restate the question (held-out "accuracy" 1.0).
+    References that are not plain integers take the general path.
     """
     if not isinstance(gold, str):
         gold = str(gold)
@@ -205,9 +209,12 @@ def grade(pred: str | None, gold: str, *, integer: bool = False) -> Grade:
     method = "fallback" if fallback_needed(gold) else "math-verify"  # fallback_needed never raises
     try:
         if integer:
-            p, g = _integer_digits(pred), _integer_digits(gold)
-            if p is not None and g is not None:
-                return Grade(p == g, "math-verify", pred, gold)
+            g = _integer_digits(gold)
+            if g is not None:
+                p = _integer_digits(pred)
+                if p is None and "=" in pred:
+                    p = _integer_digits(pred.rsplit("=", 1)[1])
+                return Grade(p is not None and p == g, "math-verify", pred, gold)
         if method == "fallback":
             key = _text_key(gold)
             return Grade(bool(key) and _text_key(pred) == key, method, pred, gold)

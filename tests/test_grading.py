@@ -146,7 +146,16 @@ def test_integer_mode_compares_exact_integers() -> None:
     assert not grade("847288609445", "847288609444", integer=True).correct  # 12 digits, last differs
     assert grade("+0042", "42", integer=True).correct
     assert grade("1" * 5000, "1" * 5000, integer=True).correct  # past Python's int() digit limit
-    assert grade("2^{10}", "1024", integer=True).correct  # not a plain integer: math-verify decides
+    assert grade("53 + 52 = 105", "105", integer=True).correct  # worked, ending with the result
+
+
+def test_integer_mode_refuses_an_expression_that_only_evaluates_to_the_answer() -> None:
+    """The question restated is not its answer (a policy learned this within five steps: accuracy 1.0)."""
+    for pred in ("53 + 52", "94 - 52", "2^{10}", "\\frac{84}{2}", "105 - 0", "x + 1 = 53 + 52"):
+        gold = {"53 + 52": "105", "94 - 52": "42", "2^{10}": "1024", "\\frac{84}{2}": "42", "105 - 0": "105",
+                "x + 1 = 53 + 52": "105"}[pred]
+        assert not grade(pred, gold, integer=True).correct, pred
+    assert grade("53 + 52", "105").correct  # without integer mode math-verify's equivalence stands
 
 
 def test_no_answer_and_blank_answer() -> None:
