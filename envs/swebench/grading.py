@@ -13,6 +13,7 @@ from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimit
 
 from .images import docker_arch
 from .instances import SWEInstance, _log_parsers
+from .tools import clip
 from .workspace import TESTBED, WorkspaceError, prepare_workspace, shell
 
 if TYPE_CHECKING:
@@ -40,11 +41,7 @@ class GradeResult:
 def clip_log(text: str, limit: int) -> str:
     """``text`` within ``limit`` characters: its head (a quarter) and its tail, the cut marked. An
     install or collection error shows at the head of a test log, the verdicts at its tail."""
-    if len(text) <= limit:
-        return text
-    head = limit // 4
-    tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - limit} characters omitted ...]\n{text[-tail:]}"
+    return clip(text, limit, head_share=0.25, what="log")
 
 
 def instance_report(instance_id: str, status: str, *, patch_exists: bool, patch_is_none: bool = False,

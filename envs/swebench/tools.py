@@ -69,12 +69,14 @@ class ToolError(Exception):
     """A tool call the agent got wrong; its message becomes the tool's observation."""
 
 
-def clip(text: str, limit: int) -> str:
-    """Keep the head and the tail of a long observation around a marker line."""
+def clip(text: str, limit: int, *, head_share: float = 0.5, what: str = "observation") -> str:
+    """Keep the head (``head_share`` of ``limit``) and the tail of a long ``what`` around a marker line."""
     if len(text) <= limit:
         return text
-    half = limit // 2
-    return f"{text[:half]}\n[... observation truncated: {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+    head = int(limit * head_share)
+    tail = int(limit * (1 - head_share))
+    return (f"{text[:head]}\n[... {what} truncated: {len(text) - head - tail} characters omitted ...]\n"
+            f"{text[len(text) - tail:]}")
 
 
 class Workspace:
