@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .client import SamplingParams
 from .errors import EngineResponseError
 from .records import ChatCompletion
-from .transport import OpenAITransport, RetryPolicy, weight_version
+from .transport import TransportClient, weight_version
 
 
 class ChatClient(Protocol):
@@ -23,30 +23,8 @@ class ChatClient(Protocol):
                    params: SamplingParams) -> ChatCompletion: ...
 
 
-class OpenAIChatClient:
+class OpenAIChatClient(TransportClient):
     """A :class:`ChatClient` for any OpenAI-compatible ``/v1/chat/completions`` endpoint."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
-        max_connections: int = 256,
-    ):
-        self.model = model
-        self._http = OpenAITransport(base_url, api_key=api_key, timeout_s=timeout_s, retry=retry,
-                                     max_connections=max_connections)
-
-    @property
-    def attempts(self) -> int:
-        """HTTP attempts made, for metrics and tests."""
-        return self._http.attempts
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
     async def chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
                    params: SamplingParams) -> ChatCompletion:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from .errors import EngineResponseError
 from .records import Completion
-from .transport import OpenAITransport, RetryPolicy, weight_version
+from .transport import RetryPolicy, TransportClient, weight_version
 
 __all__ = ["CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams", "parse_completion"]
 
@@ -33,31 +33,8 @@ class CompletionClient(Protocol):
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
 
 
-class OpenAICompletionClient:
+class OpenAICompletionClient(TransportClient):
     """An :class:`CompletionClient` for any OpenAI-compatible server that accepts token-id prompts."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 600.0,
-        retry: RetryPolicy = RetryPolicy(),
-        max_connections: int = 256,
-    ):
-        self.model = model
-        self.retry = retry
-        self._http = OpenAITransport(base_url, api_key=api_key, timeout_s=timeout_s, retry=retry,
-                                     max_connections=max_connections)
-
-    @property
-    def attempts(self) -> int:
-        """HTTP attempts made, for metrics and tests."""
-        return self._http.attempts
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,

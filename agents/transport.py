@@ -104,3 +104,30 @@ def error_message(exc: openai.APIStatusError) -> str:
         if body.get("message"):
             return str(body["message"])
     return str(exc.message or exc)
+
+
+class TransportClient:
+    """What both clients share: the served model's name and one :class:`OpenAITransport`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        retry: RetryPolicy = RetryPolicy(),
+        max_connections: int = 256,
+    ):
+        self.model = model
+        self.retry = retry
+        self._http = OpenAITransport(base_url, api_key=api_key, timeout_s=timeout_s, retry=retry,
+                                     max_connections=max_connections)
+
+    @property
+    def attempts(self) -> int:
+        """HTTP attempts made, for metrics and tests."""
+        return self._http.attempts
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
