@@ -65,6 +65,11 @@ class _Episode:
         self.logprobs += completion.logprobs
 
 
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of an episode's ``turn`` (the same scheme for token and text episodes)."""
+    return None if seed is None else seed * 1000 + turn
+
+
 async def run_episode(
     env: gym.Env,
     client: CompletionClient,
@@ -100,7 +105,7 @@ async def run_episode(
                 truncated_by = "max_tokens" if generated >= cfg.max_tokens else "context"
                 break
             params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    seed=None if seed is None else seed * 1000 + turn)
+                                    seed=turn_seed(seed, turn))
             t_start = time.monotonic() - t0
             attempts_before = getattr(client, "attempts", 0)
             try:

@@ -36,7 +36,7 @@ from .chat_client import ChatClient
 from .chat_history import api_messages
 from .client import SamplingParams
 from .errors import ContextOverflowError
-from .loop import LoopConfig, final_info
+from .loop import LoopConfig, final_info, turn_seed
 from .records import ChatCompletion, Trajectory, TurnRecord, jsonable
 from .tools import assistant_message
 
@@ -73,7 +73,7 @@ async def run_text_episode(
                 truncated_by = "max_tokens"
                 break
             params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    seed=None if seed is None else seed * 1000 + turn)
+                                    seed=turn_seed(seed, turn))
             t_start = time.monotonic() - t0
             attempts_before = getattr(client, "attempts", 0)
             try:
