@@ -106,6 +106,11 @@ def write_engines(run_dir: Path, engines: list[Engine]) -> None:
     tmp.replace(run_dir / "engines.json")
 
 
+def episode_bound(cfg: TrainConfig, concurrency: int) -> int:
+    """``concurrency`` episodes in flight, at most ``env.max_concurrent`` when the env sets one."""
+    return min(concurrency, cfg.env.max_concurrent) if cfg.env.max_concurrent else concurrency
+
+
 def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return dict(cfg.env.kwargs)
 
@@ -127,7 +132,7 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
                       max_model_len=cfg.engine.max_model_len, temperature=e.temperature, top_p=1.0)
     return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name,
                        env_kwargs={**env_kwargs(cfg), **cfg.env.heldout_kwargs}, loop=loop, problems=e.problems,
-                       concurrency=min(e.concurrency, cfg.env.max_concurrent or 1 << 30), path=RunFiles(run_dir).eval)
+                       concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval)
 
 
 def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learner:
@@ -206,7 +211,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                 source: Any = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
                                           env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
                                           group_size=cfg.algo.group_size,
-                                          concurrency=min(cfg.rollout.concurrency, cfg.env.max_concurrent or 1 << 30),
+                                          concurrency=episode_bound(cfg, cfg.rollout.concurrency),
                                           seed=cfg.seed)
                 sync: Any = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
                                        keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
