@@ -1,0 +1,44 @@
+"""The policy version of each turn: a completion client that stamps what its replica served.
+
+A sync can land mid-request (``pause_mode="keep"`` lets the request continue on the new weights),
+so every turn records the replica's version when its request was sent and when it came back. The
+oldest of them is the trajectory's version for staleness (METHOD.md 1.10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from sao.agents import Completion, Trajectory
+from sao.agents.client import SamplingParams
+
+if TYPE_CHECKING:
+    from sao.rl.replica_health import Replica
+
+
+class VersionedClient:
+    """Stamps each completion with the replica's version at request time and at answer time."""
+
+    def __init__(self, replica: Replica):
+        self.replica = replica
+
+    @property
+    def attempts(self) -> int:
+        return getattr(self.replica.client, "attempts", 0)
+
+    async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        before = self.replica.version
+        completion = await self.replica.client.complete(prompt_ids, params)
+        after = self.replica.version
+        return replace(completion, weight_version=str(before) if before == after else f"{before}-{after}")
+
+
+def turn_versions(trajectory: Trajectory, fallback: int) -> tuple[int, ...]:
+    """Every version a trajectory's turns report ("3" or "3-4"); ``fallback`` when it has no turn."""
+    out: list[int] = []
+    for label in trajectory.weight_versions:
+        if label:
+            out += [int(x) for x in str(label).split("-")]
+    return tuple(out) or (fallback,)
