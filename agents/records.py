@@ -25,6 +25,24 @@ MODES = ("tokens", "text")
 
 
 @dataclass(frozen=True)
+class VersionSpan:
+    """The policy versions that served one model call: ``first`` when its request was sent, ``last``
+    when its answer came back. They differ when a weight update landed mid-request (the engine
+    kept generating on the new weights). Integers, stamped by whoever tracks the versions."""
+
+    first: int
+    last: int
+
+    def __post_init__(self) -> None:
+        if self.last < self.first:
+            raise ValueError(f"a version span runs forwards, not {self.first} -> {self.last}")
+
+    @classmethod
+    def of(cls, version: int) -> VersionSpan:
+        return cls(version, version)
+
+
+@dataclass(frozen=True)
 class Completion:
     """What the engine returned for one request. ``logprobs[i]`` belongs to ``token_ids[i]``."""
 
@@ -33,7 +51,8 @@ class Completion:
     text: str
     finish_reason: str  # "stop" | "length" | ...
     prompt_ids: tuple[int, ...] | None = None  # the prompt as the server echoed it, when it does
-    weight_version: str | None = None  # the engine's weight version, when it reports one
+    weight_version: str | None = None  # the engine's weight version label, when it reports one
+    policy_versions: VersionSpan | None = None  # the versions that served it, when the caller tracks them
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -73,6 +92,7 @@ class TurnRecord:
     attempts: int = 1  # HTTP attempts, retries included
     prompt_tokens: int | None = None  # text mode: usage.prompt_tokens
     completion_tokens: int | None = None  # text mode: usage.completion_tokens
+    policy_versions: VersionSpan | None = None  # the policy versions that sampled it, when tracked
 
 
 @dataclass(frozen=True)
@@ -142,7 +162,13 @@ class Trajectory:
 
     @property
     def weight_versions(self) -> tuple[str | None, ...]:
+        """The engine's version label of each turn (None where it reported none)."""
         return tuple(t.weight_version for t in self.turns)
+
+    @property
+    def policy_versions(self) -> tuple[VersionSpan | None, ...]:
+        """The policy versions that sampled each turn (None where untracked)."""
+        return tuple(t.policy_versions for t in self.turns)
 
     def to_json(self) -> str:
         record = asdict(self)
@@ -153,7 +179,7 @@ class Trajectory:
     def from_json(cls, line: str) -> Trajectory:
         record = json.loads(line)
         record.pop("schema", None)
-        record["turns"] = tuple(TurnRecord(**t) for t in record["turns"])
+        record["turns"] = tuple(_turn_from_dict(t) for t in record["turns"])
         for key in ("token_ids", "action_mask", "logprobs", "messages"):
             record[key] = tuple(record[key])
         return cls(**record)
@@ -162,3 +188,8 @@ class Trajectory:
 def jsonable(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with values JSON can hold; anything else becomes its ``str``."""
     return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v) for k, v in info.items()}
+
+
+def _turn_from_dict(data: dict[str, Any]) -> TurnRecord:
+    span = data.get("policy_versions")
+    return TurnRecord(**{**data, "policy_versions": VersionSpan(**span) if span is not None else None})

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, run_episode
+from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, VersionSpan, run_episode
 from sao.envs import make
 from sao.rl.tasks import PromptRef, TaskStream, episode_seed
 from sao.rl.trainable import failure
@@ -111,7 +111,7 @@ class SyncRollout:
                                                seed=episode_seed(self.seed, prompt.index, sample))
             finally:
                 await asyncio.to_thread(env.close)
-        turns = tuple(replace(t, weight_version=str(version)) for t in trajectory.turns)
+        turns = tuple(replace(t, policy_versions=VersionSpan.of(version)) for t in trajectory.turns)
         trajectory = replace(trajectory, turns=turns,
                              info={**trajectory.info, "prompt_index": prompt.index, "policy_version": version,
                                    **({"probe": True} if probe else {})})

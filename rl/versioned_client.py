@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sao.agents import Completion, Trajectory
+from sao.agents import Completion, Trajectory, VersionSpan
 from sao.agents.client import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,14 +31,14 @@ class VersionedClient:
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         before = self.replica.version
         completion = await self.replica.client.complete(prompt_ids, params)
-        after = self.replica.version
-        return replace(completion, weight_version=str(before) if before == after else f"{before}-{after}")
+        return replace(completion, policy_versions=VersionSpan(before, self.replica.version))
 
 
 def turn_versions(trajectory: Trajectory, fallback: int) -> tuple[int, ...]:
-    """Every version a trajectory's turns report ("3" or "3-4"); ``fallback`` when it has no turn."""
+    """Every version a trajectory's turns were sampled by (one per turn, two for a turn a sync
+    landed in), in turn order; ``(fallback,)`` when no turn has one."""
     out: list[int] = []
-    for label in trajectory.weight_versions:
-        if label:
-            out += [int(x) for x in str(label).split("-")]
+    for span in trajectory.policy_versions:
+        if span is not None:
+            out += [span.first] if span.first == span.last else [span.first, span.last]
     return tuple(out) or (fallback,)

@@ -261,8 +261,8 @@ def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, ser
     assert len(trajectories) == expected
     assert {t["info"]["train_step"] for t in trajectories} == ({0, 1, 2} if ALGORITHMS[algo].uses_critic else {1, 2})
     # every turn is stamped with the version it was sampled with (train step s samples with s - 1)
-    assert all(turn["weight_version"] == str(max(t["info"]["train_step"] - 1, 0)) for t in trajectories
-               for turn in t["turns"])
+    assert all(turn["policy_versions"] == {"first": (v := max(t["info"]["train_step"] - 1, 0)), "last": v}
+               for t in trajectories for turn in t["turns"])
     assert trainer.state.step == 2
 
 
