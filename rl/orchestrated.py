@@ -41,6 +41,7 @@ from sao.rl.sync import version_dir
 from sao.rl.tasks import PromptRef, episode_seed
 from sao.rl.trainable import failure
 from sao.rl.versioned_client import VersionedClient, turn_versions
+from sao.rl.weight_load import load_weights
 
 __all__ = ["HealthConfig", "OrchestratedRollout", "Replica", "ReplicaControl", "RunEpisode", "turn_versions"]
 
@@ -199,12 +200,8 @@ class OrchestratedRollout:
         await asyncio.shield(self._loaded)
 
     async def _load(self, replica: Replica, version: int) -> None:
-        folder = version_dir(self.weights_root, version)
-        await replica.control.pause(mode="keep")
-        try:
-            await replica.control.reload_weights(folder.resolve(), timeout_s=self.reload_timeout_s)
-            await replica.control.set_weight_version(version)
-            await replica.control.reset_prefix_cache()
+        def serves() -> None:
             replica.version = version
-        finally:
-            await replica.control.resume()
+
+        await load_weights(replica.control, version_dir(self.weights_root, version).resolve(), version,
+                           mode="keep", timeout_s=self.reload_timeout_s, before_resume=serves)

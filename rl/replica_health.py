@@ -17,28 +17,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from sao.agents.client import CompletionClient
 from sao.rl.rollout import ReplicaDied, ReplicaRestarted
 from sao.rl.rollout.replicas import UNKNOWN_VERSION
+from sao.rl.weight_load import WeightControl
 
 log = logging.getLogger(__name__)
 
 
-class ReplicaControl(Protocol):
-    """The control endpoints of one engine replica (``EngineClient`` on vLLM)."""
-
-    async def pause(self, *, mode: str = "abort") -> None: ...
-
-    async def resume(self) -> None: ...
-
-    async def reload_weights(self, path: str | Path, *, timeout_s: float | None = None) -> None: ...
-
-    async def set_weight_version(self, version: int | str) -> None: ...
-
-    async def reset_prefix_cache(self) -> bool: ...
+class ReplicaControl(WeightControl, Protocol):
+    """The control endpoints of one engine replica (``EngineClient`` on vLLM): a weight load's, and health."""
 
     async def health(self) -> bool: ...
 

@@ -2,7 +2,8 @@
 
 :func:`save_checkpoint` writes the policy as ``root/v{version:06d}/`` (``model.safetensors`` +
 ``config.json``) in the dtype the engine serves; :class:`WeightSync` saves, then swaps the weights
-into a running engine (pause, ``reload_weights``, version label, prefix-cache reset, resume) and
+into a running engine (:func:`~sao.rl.weight_load.load_weights`: pause, ``reload_weights``, version
+label, prefix-cache reset, resume) and
 checks the result with a *probe*: the engine's log-probs on a fixed token sequence against the
 learner's :func:`~sao.rl.learner.token_logprobs` on the same ids. A probe gap far above bf16
 rounding noise means the engine is not serving the policy the learner trains (a wrong checkpoint
@@ -52,6 +53,7 @@ from torch import nn
 from sao.agents.engine import EngineClient, PauseMode
 from sao.rl.learner import token_logprobs
 from sao.rl.lora import engine_view, has_lora, merged_state_dict, unwrap
+from sao.rl.weight_load import load_weights
 
 log = logging.getLogger(__name__)
 
@@ -327,15 +329,9 @@ class WeightSync:
         prune_versions(self.root, keep=self.keep, protect=version)
 
         paused_at = time.perf_counter()
-        await self.engine.pause(mode=self.pause_mode)
-        try:
-            reload_at = time.perf_counter()
-            await self.engine.reload_weights(folder, timeout_s=self.reload_timeout_s)
-            metrics["perf/reload_s"] = time.perf_counter() - reload_at
-            await self.engine.set_weight_version(version)
-            cache_reset = await self.engine.reset_prefix_cache()
-        finally:
-            await self.engine.resume()
+        loaded = await load_weights(self.engine, folder, version, mode=self.pause_mode, timeout_s=self.reload_timeout_s)
+        metrics["perf/reload_s"] = loaded.reload_s
+        cache_reset = loaded.prefix_cache_reset
         metrics["perf/pause_s"] = time.perf_counter() - paused_at
         metrics["perf/sync_s"] = metrics["perf/save_s"] + metrics["perf/reload_s"]
         if not cache_reset:

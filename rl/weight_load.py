@@ -1,0 +1,59 @@
+"""Loading a published weight version into one running engine: the one reload sequence.
+
+pause (``mode="keep"``: in-flight requests wait, then continue on the new weights) -> reload the
+version's folder -> set the engine's version label -> reset the prefix cache (its blocks were
+computed with the old weights) -> resume, whatever happened. :class:`~sao.rl.sync.WeightSync`
+(``rollout=sync``) and the rollout driver (every other mode) both load through :func:`load_weights`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sao.agents.engine import PauseMode
+
+
+class WeightControl(Protocol):
+    """The engine endpoints a weight load uses (``EngineClient`` on vLLM)."""
+
+    async def pause(self, *, mode: PauseMode = "abort") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def reload_weights(self, path: str | Path, *, timeout_s: float | None = None) -> None: ...
+
+    async def set_weight_version(self, version: int | str) -> None: ...
+
+    async def reset_prefix_cache(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one load took: the reload's seconds, and whether the engine reset its prefix cache
+    (vLLM refuses while blocks are in use)."""
+
+    reload_s: float
+    prefix_cache_reset: bool
+
+
+async def load_weights(engine: WeightControl, folder: str | Path, version: int, *, mode: PauseMode = "keep",
+                       timeout_s: float | None = None,
+                       before_resume: Callable[[], None] = lambda: None) -> Loaded:
+    """Load ``folder`` (version ``version``) into ``engine`` (module doc). ``before_resume`` runs once
+    the new weights are in, while the engine is still paused (the driver records the replica's
+    version there, so no answer that comes back after the resume reads the old one)."""
+    await engine.pause(mode=mode)
+    try:
+        started = time.perf_counter()
+        await engine.reload_weights(folder, timeout_s=timeout_s)
+        reload_s = time.perf_counter() - started
+        await engine.set_weight_version(version)
+        cache_reset = await engine.reset_prefix_cache()
+        before_resume()
+    finally:
+        await engine.resume()
+    return Loaded(reload_s, cache_reset)
