@@ -17,7 +17,7 @@ _EXPORTS = {
     ".errors": ("AgentError", "ContextOverflowError", "EngineError", "EngineRequestError", "EngineResponseError",
                 "EngineStartError", "EngineUnavailableError", "RenderError"),
     ".loop": ("LoopConfig", "run_episode"),
-    ".records": ("ChatCompletion", "Completion", "Trajectory", "TurnRecord", "VersionSpan"),
+    ".records": ("ChatCompletion", "Completion", "RolloutMeta", "Trajectory", "TurnRecord", "VersionSpan"),
     ".text_loop": ("run_text_episode",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

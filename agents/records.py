@@ -96,6 +96,30 @@ class TurnRecord:
 
 
 @dataclass(frozen=True)
+class RolloutMeta:
+    """Where a training run's rollout got a trajectory; stamped by its rollout source (an evaluation's
+    trajectories have none). Written to ``trajectories.jsonl`` as the nested ``rollout`` object.
+
+    prompt_index:   the prompt's position in the run's task stream (one draw of a task).
+    policy_version: the oldest policy version that sampled it (staleness counts from it).
+    replica, attempt, traj_id: the engine replica, the prompt's attempt (0 first, +1 per re-queue)
+                    and the scheduler's id of it; None where the source has no such notion (``sync``).
+    train_step:     the optimizer step being sampled for when it ended (0: critic pretraining); the
+                    trainer sets it when it records the trajectory.
+    warmup, probe:  sampled outside the schedule for critic warm-up, or to measure, never to train.
+    """
+
+    prompt_index: int
+    policy_version: int
+    replica: int | None = None
+    attempt: int | None = None
+    traj_id: int | None = None
+    train_step: int | None = None
+    warmup: bool = False
+    probe: bool = False
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode, ready for a learner.
 
@@ -108,6 +132,7 @@ class Trajectory:
     mode:        "tokens" (the token loop; the three arrays above are exact) or "text" (a chat endpoint
                  without token ids; the arrays are empty, see the module docstring). Records written
                  before the field existed read as "tokens".
+    rollout:     a training rollout's metadata (:class:`RolloutMeta`); None outside training.
     """
 
     episode_id: str
@@ -128,6 +153,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     mode: str = "tokens"
+    rollout: RolloutMeta | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -180,6 +206,8 @@ class Trajectory:
         record = json.loads(line)
         record.pop("schema", None)
         record["turns"] = tuple(_turn_from_dict(t) for t in record["turns"])
+        if record.get("rollout") is not None:
+            record["rollout"] = RolloutMeta(**record["rollout"])
         for key in ("token_ids", "action_mask", "logprobs", "messages"):
             record[key] = tuple(record[key])
         return cls(**record)

@@ -94,7 +94,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """Stack trajectories into a right-padded :class:`Batch` (CPU tensors, order kept).
 
     ``group_ids`` numbers the distinct draws of a prompt in order of first appearance, so the samples
-    of one draw share an id: a draw is ``(env, task_id, info["prompt_index"])``, the prompt's position
+    of one draw share an id: a draw is ``(env, task_id, rollout.prompt_index)``, the prompt's position
     in the run's task stream, which every rollout source stamps (a finite dataset re-permuted per
     epoch can draw the same task twice in one batch: two groups, not one). Trajectories without a
     ``prompt_index`` (built by hand) group by ``(env, task_id)``. Raises ValueError on an empty list
@@ -137,7 +137,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
 
 def _draw(tr: Trajectory) -> tuple[str, str, int | None]:
     """What identifies one draw of a prompt: its task and its index in the run's task stream."""
-    return tr.env, tr.task_id, tr.info.get("prompt_index")
+    return tr.env, tr.task_id, tr.rollout.prompt_index if tr.rollout is not None else None
 
 
 def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:

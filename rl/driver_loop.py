@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from sao.agents import Trajectory
+from sao.agents import RolloutMeta, Trajectory
 from sao.rl.open_prompts import OpenPrompts
 from sao.rl.replica_health import HealthConfig, Replica, ReplicaWatcher
 from sao.rl.rollout import (
@@ -36,7 +36,7 @@ from sao.rl.rollout import (
     TrajectoryFinished,
 )
 from sao.rl.rollout.replicas import UNKNOWN_VERSION
-from sao.rl.sources import RolloutBatch, rollout_metrics
+from sao.rl.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.tasks import PromptRef, episode_seed
 from sao.rl.trainable import failure
 from sao.rl.versioned_client import VersionedClient, turn_versions
@@ -167,9 +167,8 @@ class DriverLoop:
             self.events.put_nowait(TrajectoryFinished(start.traj_id, (start.version,), 0, True, cause))
             return
         versions = turn_versions(trajectory, start.version)
-        trajectory = replace(trajectory, info={**trajectory.info, "traj_id": start.traj_id, "replica": start.replica,
-                                               "attempt": start.prompt.attempt, "prompt_index": ref.index,
-                                               "policy_version": min(versions)})
+        trajectory = replace(trajectory, rollout=RolloutMeta(ref.index, min(versions), replica=start.replica,
+                                                             attempt=start.prompt.attempt, traj_id=start.traj_id))
         self.on_trajectory(trajectory)
         self._finished[start.traj_id] = trajectory
         cause = failure(trajectory)
@@ -195,7 +194,7 @@ class DriverLoop:
         metrics: dict[str, float] = {}
         if action.final:
             step, self._step_trajectories = self._step_trajectories, []
-            staleness = [action.step - t.info["policy_version"] for t in step]
+            staleness = [action.step - rollout_meta(t).policy_version for t in step]
             wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
             metrics = {**rollout_metrics(step, step, wall), **self.stats(),
                        "rollout/batch_staleness_max": float(max(staleness)),

@@ -52,8 +52,9 @@ def rewind_jsonl(path: Path, last_step: int, key: str = "step") -> int:
             dropped += 1
             continue
         value = record.get(key) if isinstance(record, dict) else None
-        if value is None and isinstance(record, dict):
-            value = (record.get("info") or {}).get(key)
+        for nested in ("rollout", "info"):  # a trajectory's rollout.train_step (info.train_step before)
+            if value is None and isinstance(record, dict):
+                value = (record.get(nested) or {}).get(key)
         if value is not None and value > last_step:
             dropped += 1
         else:

@@ -31,12 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sao.agents import Trajectory
+from sao.agents import RolloutMeta, Trajectory
 from sao.rl.driver_loop import DriverLoop, RunEpisode
 from sao.rl.open_prompts import OpenPrompts, ref_from_dict, ref_to_dict
 from sao.rl.replica_health import HealthConfig, Replica, ReplicaControl
 from sao.rl.rollout import Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
-from sao.rl.sources import RolloutBatch, rollout_metrics
+from sao.rl.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.sync import version_dir
 from sao.rl.tasks import PromptRef, episode_seed
 from sao.rl.trainable import failure
@@ -107,7 +107,7 @@ class OrchestratedRollout:
                 raise RuntimeError(f"the rollout loop stopped: {self._error!r}") from self._error
             part, final = getter.result()
             for t in (*part.trajectories, *part.failed):  # the learner has them: their groups are closed
-                self._prompts.close(t.info["prompt_index"])
+                self._prompts.close(rollout_meta(t).prompt_index)
             yield part
 
     @property
@@ -129,7 +129,7 @@ class OrchestratedRollout:
         async def one(k: int, ref: PromptRef, sample: int) -> Trajectory:
             replica = self.replicas[k % len(self.replicas)]
             t = await self.run_episode(VersionedClient(replica), ref, sample, episode_seed(self.seed, ref.index, sample))
-            t = replace(t, info={**t.info, "prompt_index": ref.index, "policy_version": learner_version, "warmup": True})
+            t = replace(t, rollout=RolloutMeta(ref.index, learner_version, warmup=True))
             self.on_trajectory(t)
             return t
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, VersionSpan, run_episode
+from sao.agents import ChatRenderer, CompletionClient, LoopConfig, RolloutMeta, Trajectory, VersionSpan, run_episode
 from sao.envs import make
 from sao.rl.tasks import PromptRef, TaskStream, episode_seed
 from sao.rl.trainable import failure
@@ -52,6 +52,14 @@ class RolloutBatch:
         the last part carries the step's metrics."""
         return cls(tuple(t for p in parts for t in p.trajectories), tuple(t for p in parts for t in p.failed),
                    tuple(r for p in parts for r in p.prompts), parts[-1].metrics)
+
+
+def rollout_meta(trajectory: Trajectory) -> RolloutMeta:
+    """The rollout metadata every source stamps on its trajectories (ValueError where it is missing)."""
+    if trajectory.rollout is None:
+        raise ValueError(f"trajectory {trajectory.episode_id!r} carries no rollout metadata: "
+                         "a rollout source must stamp RolloutMeta on what it returns")
+    return trajectory.rollout
 
 
 class RolloutSource(Protocol):
@@ -97,7 +105,7 @@ class SyncRollout:
         self.version = version
 
     async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]:
-        """One episode per prompt on the current weights, recorded with ``info.probe = True`` and
+        """One episode per prompt on the current weights, recorded with ``rollout.probe = True`` and
         never returned by :meth:`next_batch`: for probes that measure, not train (forgetting)."""
         return list(await asyncio.gather(*(self._episode(p, 0, self.version, probe=True) for p in prompts)))
 
@@ -112,9 +120,7 @@ class SyncRollout:
             finally:
                 await asyncio.to_thread(env.close)
         turns = tuple(replace(t, policy_versions=VersionSpan.of(version)) for t in trajectory.turns)
-        trajectory = replace(trajectory, turns=turns,
-                             info={**trajectory.info, "prompt_index": prompt.index, "policy_version": version,
-                                   **({"probe": True} if probe else {})})
+        trajectory = replace(trajectory, turns=turns, rollout=RolloutMeta(prompt.index, version, probe=probe))
         self.on_trajectory(trajectory)
         return trajectory
 

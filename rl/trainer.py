@@ -11,7 +11,7 @@
 
 Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
 critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
-``info.train_step`` = the step being sampled for when it ended, 0 for pretraining), ``batches.jsonl``
+``rollout.train_step`` = the step being sampled for when it ended, 0 for pretraining), ``batches.jsonl``
 (one line per policy step: which episodes -- prompt index, sample, attempt, version -- it trained
 on; the audit trail that no prompt is trained twice), ``checkpoints/``, ``weights/``
 (the engine's versioned safetensors) and ``tensorboard/``. :func:`sao.rl.build.run_training` builds
@@ -40,7 +40,7 @@ from sao.rl.heldout import HeldOutEval, improvement
 from sao.rl.learner import Learner
 from sao.rl.memory import LearnerThread, release, rss_gb
 from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
-from sao.rl.sources import RolloutSource
+from sao.rl.sources import RolloutSource, rollout_meta
 from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,8 @@ class Trainer:
         from dataclasses import replace
 
         if self._writer is not None:
-            info = {**trajectory.info, "train_step": self._train_step}
-            self._writer.write(replace(trajectory, info=info))
+            meta = replace(rollout_meta(trajectory), train_step=self._train_step)
+            self._writer.write(replace(trajectory, rollout=meta))
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -305,8 +305,9 @@ class Trainer:
     def _log_lineage(self, step: int, trajectories: Any) -> None:
         if self._lineage is None:
             return
-        keys = ("prompt_index", "attempt", "policy_version", "replica")
-        episodes = [{"task_id": t.task_id, "sample": t.sample, **{k: t.info.get(k) for k in keys}} for t in trajectories]
+        episodes = [{"task_id": t.task_id, "sample": t.sample, "prompt_index": (m := rollout_meta(t)).prompt_index,
+                     "attempt": m.attempt, "policy_version": m.policy_version, "replica": m.replica}
+                    for t in trajectories]
         self._lineage.write(json.dumps({"step": step, "episodes": episodes}, separators=(",", ":")) + "\n")
         self._lineage.flush()
 

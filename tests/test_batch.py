@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sao.agents.records import Trajectory
+from sao.agents.records import RolloutMeta, Trajectory
 from sao.rl.advantages import grpo_advantages
 from sao.rl.batch import collate
 
 
 def traj(task: str, sample: int, reward: float, prompt_index: int | None) -> Trajectory:
-    info = {} if prompt_index is None else {"prompt_index": prompt_index}  # as the rollout sources stamp it
+    meta = None if prompt_index is None else RolloutMeta(prompt_index, 0)  # as the rollout sources stamp it
     return Trajectory(episode_id=f"{task}-{prompt_index}-{sample}", env="sao/Test-v0", task_id=task, sample=sample,
                       seed=None, token_ids=(1, 2, 3), action_mask=(0, 1, 1), logprobs=(0.0, -1.0, -1.0), turns=(),
-                      messages=(), reward=reward, terminated=True, truncated=False, status="ok", info=info)
+                      messages=(), reward=reward, terminated=True, truncated=False, status="ok", rollout=meta)
 
 
 def test_two_draws_of_one_task_in_a_batch_are_two_groups():

@@ -208,7 +208,7 @@ def test_resuming_mid_run_neither_loses_nor_retrains_a_prompt(mode: str, algo: s
     after = {e["prompt_index"] for e in episodes if e["step"] > 2}
     assert not before & open_at_2
     still_open = {r.index for r in second.source._prompts.open()}
-    failed = {t["info"]["prompt_index"] for t in lines(tmp_path / "trajectories.jsonl") if t["status"] != "ok"}
+    failed = {t["rollout"]["prompt_index"] for t in lines(tmp_path / "trajectories.jsonl") if t["status"] != "ok"}
     assert open_at_2 <= after | still_open | failed  # none lost
     if mode == "async":
         assert open_at_2 & after  # re-admitted first, so trained in the resumed steps

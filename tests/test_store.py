@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
-from sao.agents.records import Trajectory, TurnRecord, VersionSpan
+from sao.agents.records import RolloutMeta, Trajectory, TurnRecord, VersionSpan
 from sao.agents.store import TrajectoryWriter, read_trajectories
 
 
@@ -34,3 +37,12 @@ def test_version_spans_stay_integers_through_the_file() -> None:
     assert back.policy_versions == (VersionSpan(3, 4),) and back == _traj(0)
     with pytest.raises(ValueError, match="forwards"):
         VersionSpan(4, 3)
+
+
+def test_rollout_metadata_is_a_record_on_the_trajectory() -> None:
+    t = replace(_traj(0), rollout=RolloutMeta(prompt_index=7, policy_version=3, replica=1, attempt=0, train_step=4))
+    record = json.loads(t.to_json())
+    assert record["rollout"]["prompt_index"] == 7 and "prompt_index" not in record["info"]  # readable, nested
+    assert Trajectory.from_json(t.to_json()) == t
+    with pytest.raises(TypeError):
+        RolloutMeta(prompt_index=7, policy_version=3, prompt_idx=7)  # type: ignore[call-arg]  # a typo fails

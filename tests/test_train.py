@@ -259,9 +259,9 @@ def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, ser
     trajectories = lines(tmp_path / "trajectories.jsonl")
     expected = 4 * (2 + (1 if ALGORITHMS[algo].uses_critic else 0))
     assert len(trajectories) == expected
-    assert {t["info"]["train_step"] for t in trajectories} == ({0, 1, 2} if ALGORITHMS[algo].uses_critic else {1, 2})
+    assert {t["rollout"]["train_step"] for t in trajectories} == ({0, 1, 2} if ALGORITHMS[algo].uses_critic else {1, 2})
     # every turn is stamped with the version it was sampled with (train step s samples with s - 1)
-    assert all(turn["policy_versions"] == {"first": (v := max(t["info"]["train_step"] - 1, 0)), "last": v}
+    assert all(turn["policy_versions"] == {"first": (v := max(t["rollout"]["train_step"] - 1, 0)), "last": v}
                for t in trajectories for turn in t["turns"])
     assert trainer.state.step == 2
 
@@ -287,7 +287,7 @@ def test_resume_is_exact(tmp_path: Path, server: FakeServer) -> None:
     assert strip(lines(straight / "metrics.jsonl")) == strip(lines(interrupted / "metrics.jsonl"))
 
     def episodes(run_dir: Path) -> list[tuple]:
-        return [(t["task_id"], t["seed"], tuple(t["token_ids"]), t["info"]["train_step"])
+        return [(t["task_id"], t["seed"], tuple(t["token_ids"]), t["rollout"]["train_step"])
                 for t in lines(run_dir / "trajectories.jsonl")]
 
     assert sorted(episodes(straight)) == sorted(episodes(interrupted))  # the same batches, none twice
@@ -303,7 +303,7 @@ def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path: Path, serve
     (ckpt / "latest").write_text("step_000002\n")
     run(config("grpo", max_steps=3, checkpoint_every=2, resume=True), tmp_path, server)
     assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    steps = [t["info"]["train_step"] for t in lines(tmp_path / "trajectories.jsonl")]
+    steps = [t["rollout"]["train_step"] for t in lines(tmp_path / "trajectories.jsonl")]
     assert sorted(steps) == [1] * 4 + [2] * 4 + [3] * 4
 
 
@@ -392,10 +392,10 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
     assert rows[1]["schedule/phase"] == 1 and "reward/family/mul" in rows[1] and "reward/family/add" not in rows[1]
     assert "probe/family/add" in rows[1] and "probe/family/mul" in rows[1]  # both seen by then
     trajectories = lines(straight / "trajectories.jsonl")
-    probes = [t for t in trajectories if t["info"].get("probe")]
+    probes = [t for t in trajectories if t["rollout"]["probe"]]
     assert len(probes) == 2 + 4 + 4  # 2 prompts x families seen, at steps 1, 2, 3
-    trained = [t for t in trajectories if not t["info"].get("probe")]
-    assert {t["task_id"].split("-")[0] for t in trained if t["info"]["train_step"] >= 2} == {"mul"}
+    trained = [t for t in trajectories if not t["rollout"]["probe"]]
+    assert {t["task_id"].split("-")[0] for t in trained if t["rollout"]["train_step"] >= 2} == {"mul"}
 
     from sao.rl.report import main as report, online_summary
 
@@ -412,7 +412,7 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
         return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
     assert strip(lines(interrupted / "metrics.jsonl")) == strip(rows)
-    key = lambda t: (t["task_id"], t["seed"], t["info"]["train_step"], bool(t["info"].get("probe")))  # noqa: E731
+    key = lambda t: (t["task_id"], t["seed"], t["rollout"]["train_step"], bool(t["rollout"]["probe"]))  # noqa: E731
     assert sorted(map(key, lines(interrupted / "trajectories.jsonl"))) == sorted(map(key, trajectories))
 
 

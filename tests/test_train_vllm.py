@@ -165,7 +165,7 @@ def test_sao_and_grpo_two_steps_each_with_exact_resume(restore_engine, smollm2_d
 
         def step2(run_dir: Path) -> list[tuple]:
             return sorted((t["task_id"], t["sample"], t["seed"], tuple(t["token_ids"]))
-                          for t in lines(run_dir / "trajectories.jsonl") if t["info"]["train_step"] == 2)
+                          for t in lines(run_dir / "trajectories.jsonl") if t["rollout"]["train_step"] == 2)
 
         a, b = step2(original), step2(resumed)
         assert [x[:3] for x in a] == [x[:3] for x in b] and len(a) == 4  # the same next batch
