@@ -19,6 +19,7 @@ import httpx
 
 from .errors import EngineError
 from .probe import probe_mode
+from .speculative import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,19 @@ def open_endpoint(
     log_path: Path | None = None,
     startup_timeout_s: float = 600.0,
     mode: str = "tokens",
+    speculative: SpeculativeConfig | None = None,
 ) -> Iterator[Endpoint]:
     """Yield an :class:`Endpoint`; a managed server is stopped on exit, whatever happened.
 
     ``mode`` is one of :data:`ENDPOINT_MODES`. In chat mode no tokenizer is looked up or downloaded.
+    ``speculative``: how a managed server speculates (an external one was started with its own flags).
     """
     if mode not in ENDPOINT_MODES:
         raise ValueError(f"endpoint mode must be one of {ENDPOINT_MODES}, got {mode!r}")
+    speculative = speculative or SpeculativeConfig()
+    if base_url is not None and speculative.enabled:
+        raise ValueError("speculative decoding is set when a local vLLM starts; a server at a base URL was started "
+                         "with its own --speculative-config")
     if base_url is not None:
         reported = _served_max_len(base_url, api_key, model)
         if mode == "auto":
@@ -75,7 +82,7 @@ def open_endpoint(
 
     path = ensure_model(model)
     config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
-                              log_path=log_path, startup_timeout_s=startup_timeout_s)
+                              log_path=log_path, startup_timeout_s=startup_timeout_s, speculative=speculative)
     with VLLMServer(config) as server:
         yield Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True)
 

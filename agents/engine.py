@@ -38,7 +38,9 @@ from typing import Any, Literal
 
 import httpx
 
+from .engine_metrics import EngineMetrics, parse_metrics
 from .errors import EngineError, EngineStartError
+from .speculative import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class VLLMServerConfig:
     kv_cache_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE (vLLM parses it as a whole number)
     gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
     extra_args: tuple[str, ...] = ()
+    speculative: SpeculativeConfig = SpeculativeConfig()  # none by default; suffix: --speculative-config
     startup_timeout_s: float = 300.0
     stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
     log_path: Path | None = None  # None: server.log in a fresh temporary directory
@@ -95,7 +98,7 @@ class VLLMServerConfig:
         ]
         if self.gpu_memory_utilization is not None and _cuda_present():
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
-        return cmd + list(self.extra_args)
+        return cmd + list(self.speculative.server_args()) + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -327,6 +330,11 @@ class EngineClient:
         """The engine's weight-version label (``GET /weight_info``); vLLM reports ``"default"`` until set."""
         value = self._field(await self._call("GET", "/weight_info"), "weight_version")
         return None if value is None else str(value)
+
+    async def metrics(self) -> EngineMetrics:
+        """The engine's counters and load from its Prometheus endpoint (``GET /metrics``)."""
+        text = await self._call("GET", "/metrics")
+        return parse_metrics(text if isinstance(text, str) else "")
 
     async def reset_prefix_cache(self) -> bool:
         """Drop the prefix (KV) cache; False when vLLM refused because blocks are still in use."""

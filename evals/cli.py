@@ -17,7 +17,10 @@ from rich.table import Table
 from sao.agents import AgentError, Trajectory
 from sao.envs import EnvError, entries
 
+from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
+
 from .runner import EvalConfig, EvalError, evaluate
+from .speculative import evaluate_speculative
 
 console = Console(stderr=True)
 
@@ -69,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the environment, value parsed as JSON when it can be "
                         "(e.g. --env-arg difficulty=0.5); repeatable")
+    p.add_argument("--speculative", choices=list(SPECULATIVE_METHODS), default="none",
+                   help="speculative decoding on the local vLLM: none (default) or suffix (SuffixDecoding: drafts "
+                        "from earlier responses and the prompt, verified by the model; the summary reports "
+                        "spec_acceptance and prefix_cache_hit_rate)")
+    p.add_argument("--spec-tokens", type=int, help="suffix: most draft tokens a step (default 24)")
+    p.add_argument("--spec-off-above", type=int, metavar="N",
+                   help="suffix: no drafts while more than N requests are batched (load-aware; default: always on)")
     p.add_argument("--output", type=Path, help="output folder (default runs/eval/BENCHMARK-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -109,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
+        speculative = SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens,
+                                        off_above=args.spec_off_above)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as bar:
@@ -124,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 return done
 
-            summary = evaluate(cfg, progress=start)
+            if speculative.enabled:
+                summary = evaluate_speculative(cfg, speculative, progress=start)
+            else:
+                summary = evaluate(cfg, progress=start)
     except (EvalError, EnvError, AgentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -166,6 +181,10 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     for key in ("resolved", "graded_by_fallback", "infra_errors", "eval_errors", "n_failed", "n_truncated",
                 "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
+    for key in ("spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate"):
+        if key in summary:
+            value = summary[key]
+            table.add_row(key, "-" if value is None else f"{value:.3f}")
     Console().print(table)
     if summary["mode"] in ("text", "mixed"):
         console.print("text mode: the trajectories hold text turns and the API's usage counts, not tokens; "

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sao.agents.speculative import SpeculativeConfig
+
 
 @dataclass
 class AlgoConfig:
@@ -137,6 +139,30 @@ class EngineConfig:
     health_interval_s: float = 5.0
     health_failures: int = 3
     max_restarts: int = 3
+    # Speculative decoding on managed engines (sao.agents.speculative): none | suffix (SuffixDecoding,
+    # METHOD.md 3). spec_tokens: most draft tokens a step (null: vLLM's default, 24 for suffix);
+    # spec_off_above: no drafts while more requests than this are batched (load-aware; null: always on).
+    speculative: str = "none"
+    spec_tokens: int | None = None
+    spec_off_above: int | None = None
+
+    def __post_init__(self) -> None:
+        # The managed engines are started with `extra_args` (rl/build.py), so the speculative flag is
+        # folded in there; a config written to config.json and read back already holds it.
+        args = self.speculative_config().server_args()
+        if not args:
+            return
+        flag, value = args
+        if flag in self.extra_args:
+            at = self.extra_args.index(flag)
+            if self.extra_args[at + 1:at + 2] == [value]:
+                return
+            raise ValueError(f"engine.speculative={self.speculative} and the {flag} in engine.extra_args "
+                             "conflict; set one of them")
+        self.extra_args = [*self.extra_args, flag, value]
+
+    def speculative_config(self) -> SpeculativeConfig:
+        return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens, off_above=self.spec_off_above)
 
 
 @dataclass
