@@ -8,6 +8,7 @@ tokenizer. Retries, timeouts and error mapping are :mod:`.transport`'s, as for t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .client import SamplingParams
@@ -37,7 +38,8 @@ class OpenAIChatClient(TransportClient):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
-        return parse_chat_completion(await self._http.post("/chat/completions", body))
+        answer = await self._http.post("/chat/completions", body)
+        return replace(parse_chat_completion(answer.data), attempts=answer.attempts)
 
 
 def parse_chat_completion(response: Any) -> ChatCompletion:

@@ -8,7 +8,7 @@ timeouts and error mapping are :mod:`.transport`'s (:mod:`sao.agents.errors` des
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .errors import EngineResponseError
@@ -44,7 +44,8 @@ class OpenAICompletionClient(TransportClient):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
-        return parse_completion(await self._http.post("/completions", body))
+        answer = await self._http.post("/completions", body)
+        return replace(parse_completion(answer.data), attempts=answer.attempts)
 
 
 def parse_completion(response: Any) -> Completion:

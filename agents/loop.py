@@ -107,7 +107,6 @@ async def run_episode(
             params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
                                     seed=turn_seed(seed, turn))
             t_start = time.monotonic() - t0
-            attempts_before = getattr(client, "attempts", 0)
             try:
                 completion = await client.complete(ep.token_ids, params)
             except ContextOverflowError:
@@ -115,8 +114,7 @@ async def run_episode(
                 break
             turns.append(TurnRecord(len(ep.token_ids), len(completion.token_ids), completion.finish_reason,
                                     completion.weight_version, t_start, time.monotonic() - t0,
-                                    max(1, getattr(client, "attempts", 1) - attempts_before),
-                                    policy_versions=completion.policy_versions))
+                                    completion.attempts, policy_versions=completion.policy_versions))
             ep.act(completion)
             generated += len(completion.token_ids)
             action = assistant_message(completion.text, tools_offered=tools_offered, turn=turn)

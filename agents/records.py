@@ -53,6 +53,7 @@ class Completion:
     prompt_ids: tuple[int, ...] | None = None  # the prompt as the server echoed it, when it does
     weight_version: str | None = None  # the engine's weight version label, when it reports one
     policy_versions: VersionSpan | None = None  # the versions that served it, when the caller tracks them
+    attempts: int = 1  # HTTP attempts this request took, retries included
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -73,6 +74,7 @@ class ChatCompletion:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     weight_version: str | None = None
+    attempts: int = 1  # HTTP attempts this request took, retries included
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class TurnRecord:
     weight_version: str | None
     t_start: float  # seconds since the episode started
     t_end: float
-    attempts: int = 1  # HTTP attempts, retries included
+    attempts: int = 1  # HTTP attempts of this call's request, retries included
     prompt_tokens: int | None = None  # text mode: usage.prompt_tokens
     completion_tokens: int | None = None  # text mode: usage.completion_tokens
     policy_versions: VersionSpan | None = None  # the policy versions that sampled it, when tracked

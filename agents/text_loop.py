@@ -75,14 +75,13 @@ async def run_text_episode(
             params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
                                     seed=turn_seed(seed, turn))
             t_start = time.monotonic() - t0
-            attempts_before = getattr(client, "attempts", 0)
             try:
                 reply = await client.chat(api_messages(transcript), tools, params)
             except ContextOverflowError:
                 truncated_by = "context"
                 break
             turns.append(TurnRecord(0, 0, reply.finish_reason, reply.weight_version, t_start, time.monotonic() - t0,
-                                    max(1, getattr(client, "attempts", 1) - attempts_before),
+                                    reply.attempts,
                                     prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens))
             generated += spent_tokens(reply, room)
             action = assistant_message(reply.text, tools_offered=bool(tools), turn=turn, native_calls=reply.tool_calls)

@@ -39,8 +39,17 @@ class RetryPolicy:
         return base * random.uniform(0.75, 1.25)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One request's decoded JSON body, and the HTTP attempts it took (retries included)."""
+
+    data: Any
+    attempts: int
+
+
 class OpenAITransport:
-    """POSTs JSON bodies to one server and returns the decoded answers; counts HTTP ``attempts``."""
+    """POSTs JSON bodies to one server and returns the decoded answers; counts HTTP ``attempts``
+    (all requests together; each :class:`Answer` carries its own request's)."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 600.0,
                  retry: RetryPolicy = RetryPolicy(), max_connections: int = 256):
@@ -54,7 +63,7 @@ class OpenAITransport:
     async def aclose(self) -> None:
         await self._client.close()
 
-    async def post(self, path: str, body: dict[str, Any]) -> Any:
+    async def post(self, path: str, body: dict[str, Any]) -> Answer:
         last: Exception | None = None
         for attempt in range(self.retry.max_retries + 1):
             if attempt:
@@ -65,7 +74,7 @@ class OpenAITransport:
                 # (CPU per request grows with the prompt); the raw post keeps the SDK's transport,
                 # timeouts and error mapping without that walk.
                 raw = await self._client.post(path, body=body, cast_to=httpx.Response)
-                return raw.json()
+                return Answer(raw.json(), attempt + 1)
             except (openai.APIConnectionError, openai.InternalServerError) as exc:  # timeouts are connection errors
                 last = exc
                 log.warning("engine request failed (attempt %d/%d): %s", attempt + 1, self.retry.max_retries + 1, exc)

@@ -24,10 +24,6 @@ class VersionedClient:
     def __init__(self, replica: Replica):
         self.replica = replica
 
-    @property
-    def attempts(self) -> int:
-        return getattr(self.replica.client, "attempts", 0)
-
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         before = self.replica.version
         completion = await self.replica.client.complete(prompt_ids, params)

@@ -80,6 +80,34 @@ def test_retries_connection_errors_and_5xx_then_succeeds():
     assert len(server.requests) == 4 and t.turns[0].attempts == 4
 
 
+def test_attempts_count_only_this_requests_retries_when_episodes_share_a_client():
+    # Two episodes on one client at once: seed 7's request is slow and answered first time; seed 8's
+    # fails twice (503) while the other is in flight, then is answered. Each turn records its own
+    # HTTP attempts: 1 and 3 (a client-wide counter's difference gave the slow one 1 + 3 = 4).
+    failures = {"left": 2}
+
+    def respond(request, _prompt):
+        if request["seed"] == 8000 and failures["left"]:
+            failures["left"] -= 1
+            return Reply(status=503)
+        return Reply(text=f"\\boxed{{{GOLD}}}", delay_s=0.5 if request["seed"] == 7000 else 0.0)
+
+    async def go():
+        client = OpenAICompletionClient(server.base_url, "fake", timeout_s=5.0, retry=FAST)
+        try:
+            def one(seed: int):
+                return run_episode(E.make("arithmetic"), client, ChatRenderer(ByteTokenizer()), LoopConfig(max_tokens=256),
+                                   env_name="arithmetic", task_id=TASK, seed=seed)
+            return await asyncio.gather(one(7), one(8))
+        finally:
+            await client.aclose()
+
+    with FakeServer(responder=respond) as server:
+        slow, retried = asyncio.run(go())
+    assert slow.correct and retried.correct and len(server.requests) == 4
+    assert (slow.turns[0].attempts, retried.turns[0].attempts) == (1, 3)
+
+
 def test_retries_spent_is_a_recorded_failure_not_a_crash():
     with FakeServer([Reply(status=502)] * 10) as server:
         t = episode(server)
