@@ -1,0 +1,107 @@
+"""Suffix decoding keeps sampling exact: on the real vLLM with the bundled model, the log-probs the engine
+records with speculation on are the target model's, as with it off.
+
+The same seeded episodes run on two engines, one after the other (never two at once): a plain one
+and one started with ``--speculative-config {"method": "suffix"}``. The learner's scoring code
+(``sao.rl.batch.collate`` and ``sao.rl.learner.token_logprobs``, as behind ``rollout/logprob_gap``)
+scores both sets of trajectories with the HF model; the gap |engine log-prob - HF log-prob| at
+action tokens must stay within 0.01 of the gap without speculation (issue 11, WAR).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import sao.envs as E
+from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, run_episode
+from sao.agents.engine import VLLMServer, VLLMServerConfig
+from sao.agents.engine_metrics import EngineMetrics, read_metrics
+from sao.agents.speculative import SpeculativeConfig
+from sao.envs.arithmetic import ArithmeticTasks
+from tests.conftest import ENGINE_DTYPE, _require
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TASKS = 6
+SAMPLES = 2  # the second sample of a task can draft from the first one's response (the global tree)
+
+
+def _episodes(server: VLLMServer, tokenizer, temperature: float) -> list:  # type: ignore[no-untyped-def]
+    async def go():  # type: ignore[no-untyped-def]
+        client = OpenAICompletionClient(server.base_url, server.model_name)
+        renderer = ChatRenderer(tokenizer)
+        cfg = LoopConfig(max_tokens=128, max_turns=2, temperature=temperature)
+        try:
+            out = []
+            ids = ArithmeticTasks(seed=0, difficulty=0.5).ids(TASKS)
+            for sample in range(SAMPLES):  # one at a time: concurrency 1, where speculation is on
+                for i, task_id in enumerate(ids):
+                    env = E.make("arithmetic", feedback_turns=1)
+                    out.append(await run_episode(env, client, renderer, cfg, env_name="arithmetic", task_id=task_id,
+                                                 sample=sample, seed=100 * i + sample))
+            return out
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def _run(model_dir, log, speculative: SpeculativeConfig, tokenizer):  # type: ignore[no-untyped-def]
+    config = VLLMServerConfig(model=str(model_dir), served_model_name="smollm2-135m", max_model_len=2048,
+                              kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE, speculative=speculative)
+    with VLLMServer(config) as server:
+        before = read_metrics(server.root_url)
+        runs = {t: _episodes(server, tokenizer, t) for t in (1.0, 0.0)}
+        return runs, read_metrics(server.root_url).since(before)
+
+
+@pytest.fixture(scope="module")
+def both(engine_model_dir, tmp_path_factory):  # type: ignore[no-untyped-def]
+    try:
+        import arctic_inference  # noqa: F401
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        _require("vLLM with arctic-inference", f"it does not import ({exc}); `pip install arctic-inference==0.3.0`")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(engine_model_dir)
+    logs = tmp_path_factory.mktemp("spec")
+    off = _run(engine_model_dir, logs / "off.log", SpeculativeConfig(), tokenizer)
+    on = _run(engine_model_dir, logs / "on.log", SpeculativeConfig("suffix"), tokenizer)
+    return off, on
+
+
+def _gap(model, trajectories, pad_id: int) -> float:  # type: ignore[no-untyped-def]
+    import torch
+
+    from sao.rl.batch import collate
+    from sao.rl.learner import token_logprobs
+
+    batch = collate(trajectories, pad_id)
+    with torch.no_grad():
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, only=batch.action_mask)
+    act = batch.action_mask.bool()
+    return float((logp - batch.rollout_logprobs).abs()[act].mean())
+
+
+def test_suffix_decoding_drafts_and_its_logprobs_are_the_target_models(both, engine_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    (off_runs, off_metrics), (on_runs, on_metrics) = both
+    assert isinstance(on_metrics, EngineMetrics)
+    assert off_metrics.spec_draft_tokens == 0
+    # speculation really ran: drafts were proposed and some accepted
+    assert on_metrics.spec_draft_tokens > 0 and on_metrics.spec_accepted_tokens > 0, on_metrics
+    model = AutoModelForCausalLM.from_pretrained(engine_model_dir, dtype=getattr(torch, ENGINE_DTYPE)).eval()
+    pad = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0
+    for temperature in (1.0, 0.0):
+        off, on = off_runs[temperature], on_runs[temperature]
+        assert all(t.status == "ok" for t in off + on), [t.error for t in off + on if t.status != "ok"]
+        gap_off, gap_on = _gap(model, off, pad), _gap(model, on, pad)
+        same = sum(a.token_ids == b.token_ids for a, b in zip(off, on, strict=True))
+        print(f"\ntemperature {temperature}: logprob_gap off {gap_off:.5f}, on {gap_on:.5f}; identical episodes "
+              f"{same}/{len(off)}; acceptance {on_metrics.spec_acceptance:.3f}")
+        assert abs(gap_on - gap_off) <= 0.01, (temperature, gap_off, gap_on)
