@@ -37,7 +37,7 @@ from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.memory import LearnerThread, configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
-from sao.rl.sources import SyncRollout
+from sao.rl.sources import RolloutSource, SyncRollout
 from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
@@ -208,7 +208,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
                 clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
             if cfg.rollout.mode == "sync":
-                source: Any = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
+                source: RolloutSource = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
                                           env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
                                           group_size=cfg.algo.group_size,
                                           concurrency=episode_bound(cfg, cfg.rollout.concurrency),
@@ -247,7 +247,7 @@ def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple
 
 
 def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], clients: list[Any], controls: list[Any],
-                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> Any:
+                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> RolloutSource:
     """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
     from sao.agents import run_episode
     from sao.envs import make

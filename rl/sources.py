@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sao.agents import ChatRenderer, CompletionClient, LoopConfig, RolloutMeta, Trajectory, VersionSpan, run_episode
 from sao.envs import make
@@ -63,6 +63,11 @@ def rollout_meta(trajectory: Trajectory) -> RolloutMeta:
 
 
 class RolloutSource(Protocol):
+    """What the trainer needs from every source. It sets ``on_trajectory`` to record each episode as
+    it ends (failed ones included)."""
+
+    on_trajectory: Callable[[Trajectory], None]
+
     async def next_batch(self, n: int, learner_version: int) -> RolloutBatch: ...
 
     def on_weights(self, version: int) -> None: ...
@@ -70,6 +75,36 @@ class RolloutSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class StreamingSource(RolloutSource, Protocol):
+    """A source that can release a step's batch in parts, to be trained as they arrive (``rollout=pipe``:
+    complete groups); ``streams_parts`` says whether its parts are worth it."""
+
+    @property
+    def streams_parts(self) -> bool: ...
+
+    def next_parts(self, n: int, learner_version: int) -> AsyncIterator[RolloutBatch]: ...
+
+
+@runtime_checkable
+class ScheduledSource(RolloutSource, Protocol):
+    """A source that runs a schedule of its own (the rollout driver): critic warm-up batches outside
+    the schedule, its ledger and replicas as metrics, and tasks to stop at the end."""
+
+    async def warmup_batch(self, n: int, learner_version: int) -> RolloutBatch: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ProbingSource(RolloutSource, Protocol):
+    """A source that can run episodes that measure and are never trained on (forgetting probes)."""
+
+    async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]: ...
 
 
 class VersionedEngine(Protocol):

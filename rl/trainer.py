@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
 
@@ -40,7 +40,15 @@ from sao.rl.heldout import HeldOutEval, improvement
 from sao.rl.learner import Learner
 from sao.rl.memory import LearnerThread, release, rss_gb
 from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
-from sao.rl.sources import RolloutSource, rollout_meta
+from sao.rl.batch import Batch
+from sao.rl.sources import (
+    ProbingSource,
+    RolloutBatch,
+    RolloutSource,
+    ScheduledSource,
+    StreamingSource,
+    rollout_meta,
+)
 from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,20 @@ def refuse_to_overwrite(run_dir: Path) -> None:
     if metrics.exists() and metrics.stat().st_size > 0:
         raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
                          "or choose another output_dir")
+
+
+@runtime_checkable
+class PartwiseAlgorithm(Protocol):
+    """An algorithm that can take one policy step part by part (GRPO: complete groups carry their own
+    baseline), when ``streams``."""
+
+    streams: bool
+
+    def begin(self, learner: Learner) -> None: ...
+
+    def accumulate(self, learner: Learner, batch: Batch) -> None: ...
+
+    def finish(self, learner: Learner) -> dict[str, float]: ...
 
 
 class Syncer(Protocol):
@@ -173,7 +195,7 @@ class Trainer:
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
         self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
         self._lineage = files.batches.open("a", encoding="utf-8")
-        self.source.on_trajectory = self._record  # type: ignore[attr-defined]
+        self.source.on_trajectory = self._record
         last: dict[str, Any] = {}
         try:
             # The engine must serve exactly the learner's policy before anything is sampled.
@@ -192,7 +214,7 @@ class Trainer:
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
                     self._save(step)
         finally:
-            if hasattr(self.source, "aclose"):
+            if isinstance(self.source, ScheduledSource):
                 await self.source.aclose()
             sink.close()
             if pretrain_sink is not None:
@@ -237,7 +259,7 @@ class Trainer:
             if self.tasks is not None:
                 self.tasks.set_step(0)
             # a scheduled source keeps critic-only batches out of its step count (no policy step follows)
-            collect = getattr(self.source, "warmup_batch", self.source.next_batch)
+            collect = self.source.warmup_batch if isinstance(self.source, ScheduledSource) else self.source.next_batch
             rollout = await collect(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, self.state.pretrain_steps + 1)
             metrics = await self.thread.run(self.algo.pretrain_critic, self.learner, batch)  # a CriticAlgorithm
@@ -256,8 +278,10 @@ class Trainer:
         self._train_step = step
         if self.tasks is not None:
             self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
-        if getattr(self.algo, "streams", False) and getattr(self.source, "streams_parts", False):
-            rollout, metrics, update_s = await self._update_in_parts(step)
+        algo, source = self.algo, self.source
+        if (isinstance(algo, PartwiseAlgorithm) and algo.streams and isinstance(source, StreamingSource)
+                and source.streams_parts):
+            rollout, metrics, update_s = await self._update_in_parts(step, algo, source)
         else:
             rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
             batch = self._collate(rollout, step)
@@ -269,7 +293,7 @@ class Trainer:
         synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe,
                                              recent=rollout.trajectories[:cfg.engine.action_probes])
         self.source.on_weights(step)
-        if hasattr(self.source, "stats"):  # an orchestrated source: its ledger and replica versions now
+        if isinstance(self.source, ScheduledSource):  # the driver: its ledger and replica versions now
             synced = {**synced, **self.source.stats()}
         if self.tasks is not None and self.tasks.probe_due(step):
             online |= await self._probe(step)
@@ -282,24 +306,23 @@ class Trainer:
                 "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0, "perf/rss_gb": peak,
                 "perf/rss_now_gb": rss}
 
-    async def _update_in_parts(self, step: int) -> tuple[Any, dict[str, Any], float]:
+    async def _update_in_parts(self, step: int, algo: PartwiseAlgorithm,
+                               source: StreamingSource) -> tuple[Any, dict[str, Any], float]:
         """RolloutPipe's CGP: backward each part of the batch (complete groups) as the source
         releases it, while the rest is still being generated; one optimizer step at the end."""
-        from sao.rl.sources import RolloutBatch
-
         learner, parts, update_s = self.learner, [], 0.0
-        self.algo.begin(learner)  # type: ignore[attr-defined]
-        async for part in self.source.next_parts(self.cfg.batch_size, self.state.version):  # type: ignore[attr-defined]
+        algo.begin(learner)
+        async for part in source.next_parts(self.cfg.batch_size, self.state.version):
             parts.append(part)
             if part.trajectories:
                 batch = collate(list(part.trajectories), self.pad_id)
                 t0 = time.monotonic()
-                await self.thread.run(self.algo.accumulate, learner, batch)  # type: ignore[attr-defined]
+                await self.thread.run(algo.accumulate, learner, batch)
                 update_s += time.monotonic() - t0
         rollout = RolloutBatch.join(parts)
         self._check(rollout, step)  # before the optimizer step: an all-failed batch stops the run
         t0 = time.monotonic()
-        metrics = await self.thread.run(self.algo.finish, learner)  # type: ignore[attr-defined]
+        metrics = await self.thread.run(algo.finish, learner)
         return rollout, metrics, update_s + time.monotonic() - t0
 
     def _log_lineage(self, step: int, trajectories: Any) -> None:
@@ -323,7 +346,9 @@ class Trainer:
         """Every family seen so far, on the new weights, not trained on (forgetting): ``probe/family/<f>``."""
         from sao.rl.schedule import family_metrics, family_rewards
 
-        trajectories = await self.source.evaluate(self.tasks.probes())  # type: ignore[attr-defined]
+        if not isinstance(self.source, ProbingSource):
+            raise TrainError(f"{type(self.source).__name__} cannot run forgetting probes (rollout=sync can)")
+        trajectories = await self.source.evaluate(self.tasks.probes())
         return family_metrics(family_rewards(step, trajectories, probe=True))
 
     def _collate(self, rollout: Any, step: int) -> Any:
