@@ -14,6 +14,7 @@ _EXPORTS = {
     ".chat": ("ByteTokenizer", "ChatRenderer", "Tokenizer"),
     ".chat_client": ("ChatClient", "OpenAIChatClient"),
     ".client": ("CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams"),
+    ".episodes": ("EpisodeRunner", "Renderers"),
     ".errors": ("AgentError", "ContextOverflowError", "EngineError", "EngineRequestError", "EngineResponseError",
                 "EngineStartError", "EngineUnavailableError", "RenderError"),
     ".loop": ("LoopConfig", "run_episode"),

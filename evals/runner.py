@@ -29,15 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from sao.agents import (
-    ChatRenderer,
+    EpisodeRunner,
     LoopConfig,
     OpenAIChatClient,
     OpenAICompletionClient,
+    Renderers,
     RetryPolicy,
     Trajectory,
-    run_episode,
     run_text_episode,
 )
+from sao.agents.episodes import opened
 from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
@@ -193,17 +194,17 @@ async def run_pairs(
     env_name = resolve(cfg.benchmark).name
     semaphore = asyncio.Semaphore(cfg.concurrency)
     client: OpenAICompletionClient | OpenAIChatClient | None = None
-    renderers: dict[tuple[str, ...], ChatRenderer] = {}
+    runner: EpisodeRunner | None = None  # the token loop
     if endpoint is not None:
         client_args = dict(api_key=endpoint.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
                            max_connections=cfg.concurrency)
+        loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
+                              max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
         if endpoint.mode == "chat":  # the text loop: no tokenizer
             client = OpenAIChatClient(endpoint.base_url, endpoint.model, **client_args)
         else:
-            tokenizer = load_tokenizer(endpoint)
+            runner = EpisodeRunner(env_name, Renderers(load_tokenizer(endpoint)), loop_cfg, env_kwargs)
             client = OpenAICompletionClient(endpoint.base_url, endpoint.model, **client_args)
-        loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
-                              max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
 
     predictions = load_predictions(cfg.grade_only) if cfg.grade_only is not None else None
 
@@ -221,19 +222,13 @@ async def run_pairs(
         if isinstance(client, OpenAIChatClient):
             return await run_text_episode(env, client, loop_cfg, env_name=env_name, task_id=task_id,
                                           sample=sample, seed=seed)
-        tools = tuple(getattr(env.unwrapped, "tools", ()))
-        key = tuple(json.dumps(t, sort_keys=True) for t in tools)
-        renderer = renderers.setdefault(key, ChatRenderer(tokenizer, tools))
-        return await run_episode(env, client, renderer, loop_cfg, env_name=env_name, task_id=task_id,
-                                 sample=sample, seed=seed)
+        assert runner is not None  # a token endpoint
+        return await runner.play(env, client, task_id=task_id, sample=sample, seed=seed)
 
     async def one(index: int, task_id: str, sample: int) -> None:
         async with semaphore:
-            env = make(env_name, **env_kwargs)
-            try:
+            async with opened(env_name, env_kwargs) as env:
                 trajectory = await play(env, index, task_id, sample)
-            finally:
-                await asyncio.to_thread(env.close)
             writer.write(trajectory)
             on_done(trajectory)
 

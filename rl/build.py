@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy
+from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.model import ensure_model
 from sao.envs import resolve
@@ -177,14 +177,7 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     learner = make_learner(cfg, model_path, algo.uses_critic)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    renderers: dict[str, ChatRenderer] = {}
-
-    def renderer_for(tools: tuple[dict[str, Any], ...]) -> ChatRenderer:
-        key = json.dumps(tools, sort_keys=True)
-        if key not in renderers:
-            renderers[key] = ChatRenderer(tokenizer, tools)
-        return renderers[key]
-
+    renderer_for = Renderers(tokenizer)
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
                       max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
                       top_p=cfg.rollout.top_p)
@@ -249,22 +242,15 @@ def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple
 def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], clients: list[Any], controls: list[Any],
                   tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> RolloutSource:
     """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
-    from sao.agents import run_episode
-    from sao.envs import make
     from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
 
-    kwargs = env_kwargs(cfg)
+    runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs(cfg))
     # env.max_concurrent bounds the episodes of every replica together (a coding episode holds a container)
     slots = asyncio.Semaphore(cfg.env.max_concurrent) if cfg.env.max_concurrent else contextlib.nullcontext()
 
     async def play(client: Any, ref: Any, sample: int, seed: int) -> Any:
         async with slots:
-            env = make(env_name, **kwargs)
-            try:
-                return await run_episode(env, client, renderer_for(tuple(getattr(env.unwrapped, "tools", ()))),
-                                         loop, env_name=env_name, task_id=ref.task_id, sample=sample, seed=seed)
-            finally:
-                await asyncio.to_thread(env.close)
+            return await runner(client, task_id=ref.task_id, sample=sample, seed=seed)
 
     r, config = cfg.rollout, scheduler_config(cfg)
     def replica(engine: Engine, client: Any, control: Any) -> Replica:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.agents import ChatRenderer, CompletionClient, LoopConfig, Trajectory, run_episode
+from sao.agents import ChatRenderer, CompletionClient, EpisodeRunner, LoopConfig, Trajectory
 from sao.envs import make
 
 Z95 = 1.959963984540054  # the two-sided 95% normal quantile
@@ -127,8 +127,7 @@ class HeldOutEval:
     def __init__(self, *, client: CompletionClient, renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
                  env_name: str, env_kwargs: dict[str, Any], loop: LoopConfig, problems: int, concurrency: int,
                  path: Path):
-        self.client, self.renderer_for, self.loop = client, renderer_for, loop
-        self.env_name, self.env_kwargs = env_name, env_kwargs
+        self.client, self.runner = client, EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
         self.concurrency, self.path = concurrency, Path(path)
         self.task_ids = distinct_tasks(env_name, env_kwargs, problems)
         if not self.task_ids:
@@ -140,13 +139,7 @@ class HeldOutEval:
 
         async def one(task_id: str) -> Trajectory:
             async with semaphore:
-                env = make(self.env_name, **self.env_kwargs)
-                try:
-                    renderer = self.renderer_for(tuple(getattr(env.unwrapped, "tools", ())))
-                    return await run_episode(env, self.client, renderer, self.loop, env_name=self.env_name,
-                                             task_id=task_id, seed=0)
-                finally:
-                    await asyncio.to_thread(env.close)
+                return await self.runner(self.client, task_id=task_id, seed=0)
 
         t0 = time.monotonic()
         done = await asyncio.gather(*(one(t) for t in self.task_ids))

@@ -29,8 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from sao.agents import ChatRenderer, CompletionClient, LoopConfig, RolloutMeta, Trajectory, VersionSpan, run_episode
-from sao.envs import make
+from sao.agents import ChatRenderer, CompletionClient, EpisodeRunner, LoopConfig, RolloutMeta, Trajectory, VersionSpan
 from sao.rl.tasks import PromptRef, TaskStream, episode_seed
 from sao.rl.trainable import failure
 
@@ -129,8 +128,8 @@ class SyncRollout:
         seed: int,
         on_trajectory: Callable[[Trajectory], None] = lambda t: None,
     ):
-        self.client, self.renderer_for, self.engine = client, renderer_for, engine
-        self.env_name, self.env_kwargs, self.loop = env_name, env_kwargs, loop
+        self.client, self.engine = client, engine
+        self.runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
         self.tasks, self.group_size, self.seed = tasks, group_size, seed
         self.on_trajectory = on_trajectory
         self._semaphore = asyncio.Semaphore(concurrency)
@@ -146,14 +145,8 @@ class SyncRollout:
 
     async def _episode(self, prompt: PromptRef, sample: int, version: int, *, probe: bool = False) -> Trajectory:
         async with self._semaphore:
-            env = make(self.env_name, **self.env_kwargs)
-            try:
-                renderer = self.renderer_for(tuple(getattr(env.unwrapped, "tools", ())))
-                trajectory = await run_episode(env, self.client, renderer, self.loop, env_name=self.env_name,
-                                               task_id=prompt.task_id, sample=sample,
-                                               seed=episode_seed(self.seed, prompt.index, sample))
-            finally:
-                await asyncio.to_thread(env.close)
+            trajectory = await self.runner(self.client, task_id=prompt.task_id, sample=sample,
+                                           seed=episode_seed(self.seed, prompt.index, sample))
         turns = tuple(replace(t, policy_versions=VersionSpan.of(version)) for t in trajectory.turns)
         trajectory = replace(trajectory, turns=turns, rollout=RolloutMeta(prompt.index, version, probe=probe))
         self.on_trajectory(trajectory)

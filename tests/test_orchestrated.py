@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from sao.agents import ByteTokenizer, ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy, run_episode
+from sao.agents import ByteTokenizer, EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.fake_server import FakeServer, Reply
-from sao.envs import make
 from sao.rl.algos import make_algorithm
 from sao.rl.build import learner_config
 from sao.rl.learner import Learner
@@ -50,14 +49,11 @@ def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeSe
                         alive=lambda s=s: not s.dead, restart=(restarts or {}).get(i))
                 for i, (s, e) in enumerate(zip(servers, engines))]
 
+    runner = EpisodeRunner("arithmetic", Renderers(ByteTokenizer()), LoopConfig(max_turns=1, max_tokens=48,
+                                                                                max_model_len=400), cfg.env.kwargs)
+
     async def play(client, ref, sample, seed):  # type: ignore[no-untyped-def]
-        env = make("arithmetic", **cfg.env.kwargs)
-        try:
-            return await run_episode(env, client, ChatRenderer(ByteTokenizer()),
-                                     LoopConfig(max_turns=1, max_tokens=48, max_model_len=400),
-                                     env_name="arithmetic", task_id=ref.task_id, sample=sample, seed=seed)
-        finally:
-            env.close()
+        return await runner(client, task_id=ref.task_id, sample=sample, seed=seed)
 
     sched = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=4,
                             staleness=staleness, stale_policy=policy)
