@@ -45,6 +45,7 @@ from sao.rl.rollout.core import (
 from sao.rl.rollout.engine_model import SimEngine, TrajectorySpec, sample_trajectory
 from sao.rl.rollout.metrics import SimResult, Timeline
 from sao.rl.rollout.modes import make_scheduler
+from sao.rl.rollout.sim_events import EngineBack, EngineDies, EngineDue, EnvAnswered, SimEvent, SyncLanded, TrainStepEnds
 from sao.rl.rollout.simconfig import SimConfig
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,6 @@ SIM_MODES: dict[str, SimMode] = {
     "sync_grpo": SimMode("sync", grpo=True),
     "async_mask": SimMode("async", overrides=(("stale_policy", "mask"),)),
 }
-
-_ENGINE, _ENV, _SYNC, _TRAIN, _DIE, _RESTART = range(6)
-
 
 class SimError(RolloutError):
     """The simulation could not go on: a scheduler stalled or contradicted the engines."""
@@ -132,7 +130,7 @@ class Simulation:
         self.on_engine: list[set[int]] = [set() for _ in range(n_engines)]
         self.check_every = check_every
         self.now = 0.0
-        self._heap: list[tuple[float, int, int, tuple]] = []
+        self._heap: list[tuple[float, int, SimEvent]] = []  # (time, tie-breaking sequence number, event)
         self._seq = 0
         self._dirty: set[int] = set()
         self._fail_rng = random.Random(f"{config.seed}:replica-failures")
@@ -168,18 +166,18 @@ class Simulation:
     def run(self, max_time: float = 1e9) -> SimResult:
         if self.config.engine.mtbf_s is not None:
             for e in self.engines:
-                self._push(self._fail_rng.expovariate(1.0 / self.config.engine.mtbf_s), _DIE, e.rid)
+                self._push(self._fail_rng.expovariate(1.0 / self.config.engine.mtbf_s), EngineDies(e.rid))
         self._execute(self.scheduler.start(0.0))
         self._flush()
         while self.steps_done < self.config.steps:
             if not self._heap:
                 raise SimError(f"{self.mode}: nothing left to happen at t={self.now:.1f}s after "
                                f"{self.steps_done}/{self.config.steps} steps (the scheduler stalled)")
-            t, _, kind, args = heapq.heappop(self._heap)
+            t, _, event = heapq.heappop(self._heap)
             if t > max_time:
                 raise SimError(f"{self.mode}: passed max_time={max_time}s after {self.steps_done} steps")
             self._tick(t)
-            self._handle(kind, args)
+            self._handle(event)
             self._flush()
             self._events += 1
             if self.check_every and self._events % self.check_every == 0:
@@ -187,9 +185,9 @@ class Simulation:
         self.scheduler.check()
         return self._result()
 
-    def _push(self, t: float, kind: int, *args) -> None:
+    def _push(self, t: float, event: SimEvent) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, args))
+        heapq.heappush(self._heap, (t, self._seq, event))
 
     def _tick(self, t: float) -> None:
         dt = t - self._last
@@ -199,31 +197,32 @@ class Simulation:
                 self._wait += dt
         self.now = self._last = t
 
-    def _handle(self, kind: int, args: tuple) -> None:
-        if kind == _ENGINE:
-            rid, epoch = args
-            e = self.engines[rid]
-            if epoch == e.epoch and e.alive:
-                for tid in e.pop_finished(self.now):
-                    self._turn_done(tid)
+    def _handle(self, event: SimEvent) -> None:
+        match event:
+            case EngineDue(rid, epoch):
+                e = self.engines[rid]
+                if epoch == e.epoch and e.alive:
+                    for tid in e.pop_finished(self.now):
+                        self._turn_done(tid)
+                    self._dirty.add(rid)
+            case EnvAnswered(tid):
+                tr = self.trajs.get(tid)
+                if tr is not None:
+                    self._next_turn(tr)
+            case SyncLanded(rid, version, token):
+                self._sync_done(rid, version, token)
+            case TrainStepEnds():
+                self._train_done()
+            case EngineDies(rid):
+                self._die(rid)
+            case EngineBack(rid):
+                self.engines[rid].restart(self.now)
                 self._dirty.add(rid)
-        elif kind == _ENV:
-            tr = self.trajs.get(args[0])
-            if tr is not None:
-                self._next_turn(tr)
-        elif kind == _SYNC:
-            self._sync_done(*args)
-        elif kind == _TRAIN:
-            self._train_done()
-        elif kind == _DIE:
-            self._die(args[0])
-        elif kind == _RESTART:
-            rid = args[0]
-            self.engines[rid].restart(self.now)
-            self._dirty.add(rid)
-            self._deliver(ReplicaRestarted(rid))
-            if self.config.engine.mtbf_s is not None:
-                self._push(self.now + self._fail_rng.expovariate(1.0 / self.config.engine.mtbf_s), _DIE, rid)
+                self._deliver(ReplicaRestarted(rid))
+                if self.config.engine.mtbf_s is not None:
+                    self._push(self.now + self._fail_rng.expovariate(1.0 / self.config.engine.mtbf_s), EngineDies(rid))
+            case _:
+                raise SimError(f"{self.mode}: unknown simulator event {event!r}")
 
     def _flush(self) -> None:
         """Reschedule the next completion of every engine that changed."""
@@ -231,7 +230,7 @@ class Simulation:
             e = self.engines[rid]
             t = e.next_completion()
             if t is not None:
-                self._push(t, _ENGINE, rid, e.epoch)
+                self._push(t, EngineDue(rid, e.epoch))
             if self._record:
                 self._mark(e)
         self._dirty.clear()
@@ -296,7 +295,7 @@ class Simulation:
         elif tr.turn == len(tr.spec.turns) - 1:
             self._end(tr, failed=False)
         else:
-            self._push(self.now + turn.env_s, _ENV, tid)
+            self._push(self.now + turn.env_s, EnvAnswered(tid))
 
     def _next_turn(self, tr: _Traj) -> None:
         tr.turn += 1
@@ -323,7 +322,7 @@ class Simulation:
         if not e.paused:
             e.pause(self.now)
         self._dirty.add(a.replica)
-        self._push(self.now + self.config.engine.sync_s, _SYNC, a.replica, a.version, e.sync_token)
+        self._push(self.now + self.config.engine.sync_s, SyncLanded(a.replica, a.version, e.sync_token))
 
     def _sync_done(self, rid: int, version: int, token: int) -> None:
         e = self.engines[rid]
@@ -348,7 +347,7 @@ class Simulation:
         self.on_engine[rid].clear()
         self._dirty.add(rid)
         self._deliver(ReplicaDied(rid))
-        self._push(self.now + self.config.engine.restart_s, _RESTART, rid)
+        self._push(self.now + self.config.engine.restart_s, EngineBack(rid))
 
     # ------------------------------------------------------------ trainer
 
@@ -371,7 +370,7 @@ class Simulation:
             duration += self.config.trainer.step_overhead_s
         if self._record:
             self._trainer_segments.append((self.now, self.now + duration, job.step))
-        self._push(self.now + duration, _TRAIN)
+        self._push(self.now + duration, TrainStepEnds())
 
     def _train_done(self) -> None:
         job, self._training = self._training, None
