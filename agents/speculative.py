@@ -10,9 +10,10 @@ model's (tests/test_speculative_vllm.py checks the log-probs). vLLM's implementa
 The global tree lives as long as the server: in vLLM 0.32 it belongs to the model runner's proposer,
 which neither ``reload_weights`` nor ``reset_prefix_cache`` touches (read from its source).
 
-Load-aware switching: ``off_above`` turns drafting off while the engine's batch holds more than
-that many requests, through vLLM's per-batch-size schedule (``num_speculative_tokens_per_batch_size``),
-which its scheduler reads at every step. Calibrate the threshold (``benchmarks/war.py``).
+Load-aware switching is not offered: vLLM 0.32's per-batch-size schedule
+(``num_speculative_tokens_per_batch_size``) starts, but the suffix proposer asserts a fixed draft
+length, and the engine died as soon as a batch crossed the threshold (benchmarks/war.py, measured).
+A switch must be the project's own (route, or restart without drafting), from a calibration.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from typing import Any
 
 SPECULATIVE_METHODS = ("none", "suffix")
 
-_MAX_BATCH = 1 << 20  # the schedule's last range ends here: beyond any max_num_seqs
-
-
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """How a managed vLLM speculates. ``method="none"`` (the default) adds nothing to its command."""
@@ -37,17 +35,15 @@ class SpeculativeConfig:
     max_cached_requests: int = 10000  # responses in the global tree (FIFO); 0: prompt trees only
     max_spec_factor: float = 1.0  # draft length <= factor * matched prefix length
     min_token_prob: float = 0.1  # draft only tokens whose estimated probability is at least this
-    off_above: int | None = None  # no drafts while more than this many requests are batched; None: always on
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             close = difflib.get_close_matches(str(self.method), SPECULATIVE_METHODS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, not {self.method!r}{hint}")
-        for name in ("num_tokens", "off_above"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"speculative {name} must be a whole number >= 1 or None, not {value!r}")
+        value = self.num_tokens
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"speculative num_tokens must be a whole number >= 1 or None, not {value!r}")
         if self.max_tree_depth < 1 or self.max_cached_requests < 0:
             raise ValueError("speculative max_tree_depth must be >= 1 and max_cached_requests >= 0")
 
@@ -68,9 +64,6 @@ class SpeculativeConfig:
         }
         if self.num_tokens is not None:
             out["num_speculative_tokens"] = self.num_tokens
-        if self.off_above is not None:
-            k = self.num_tokens or self.max_tree_depth
-            out["num_speculative_tokens_per_batch_size"] = [[1, self.off_above, k], [self.off_above + 1, _MAX_BATCH, 0]]
         return out
 
     def server_args(self) -> tuple[str, ...]:

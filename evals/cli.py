@@ -77,8 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "from earlier responses and the prompt, verified by the model; the summary reports "
                         "spec_acceptance and prefix_cache_hit_rate)")
     p.add_argument("--spec-tokens", type=int, help="suffix: most draft tokens a step (default 24)")
-    p.add_argument("--spec-off-above", type=int, metavar="N",
-                   help="suffix: no drafts while more than N requests are batched (load-aware; default: always on)")
     p.add_argument("--output", type=Path, help="output folder (default runs/eval/BENCHMARK-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -119,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
-        speculative = SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens,
-                                        off_above=args.spec_off_above)
+        speculative = SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as bar:

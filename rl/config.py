@@ -140,11 +140,9 @@ class EngineConfig:
     health_failures: int = 3
     max_restarts: int = 3
     # Speculative decoding on managed engines (sao.agents.speculative): none | suffix (SuffixDecoding,
-    # METHOD.md 3). spec_tokens: most draft tokens a step (null: vLLM's default, 24 for suffix);
-    # spec_off_above: no drafts while more requests than this are batched (load-aware; null: always on).
+    # METHOD.md 3). spec_tokens: most draft tokens a step (null: vLLM's default, 24 for suffix).
     speculative: str = "none"
     spec_tokens: int | None = None
-    spec_off_above: int | None = None
 
     def __post_init__(self) -> None:
         # The managed engines are started with `extra_args` (rl/build.py), so the speculative flag is
@@ -162,7 +160,7 @@ class EngineConfig:
         self.extra_args = [*self.extra_args, flag, value]
 
     def speculative_config(self) -> SpeculativeConfig:
-        return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens, off_above=self.spec_off_above)
+        return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens)
 
 
 @dataclass

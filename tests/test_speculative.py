@@ -42,14 +42,6 @@ def test_suffix_is_vllms_speculative_config_json():
     assert "num_speculative_tokens_per_batch_size" not in config
 
 
-def test_off_above_is_a_per_batch_size_schedule():
-    config = SpeculativeConfig("suffix", num_tokens=8, off_above=4).vllm_config()
-    # batches of 1-4 requests draft up to 8 tokens, larger ones none
-    assert config is not None and config["num_speculative_tokens_per_batch_size"][:1] == [[1, 4, 8]]
-    assert config["num_speculative_tokens_per_batch_size"][1][:1] == [5]
-    assert config["num_speculative_tokens_per_batch_size"][1][2] == 0
-
-
 def test_unknown_method_suggests_the_close_one():
     with pytest.raises(ValueError, match="did you mean 'suffix'"):
         SpeculativeConfig("sufix")
