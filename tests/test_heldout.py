@@ -88,3 +88,20 @@ def test_learner_thread_runs_every_call_on_one_thread():
     assert configure_allocator() in (True, False)  # glibc here: True; idempotent
     now, peak = rss_gb()
     assert 0 < now <= peak
+
+
+@pytest.mark.parametrize("preset", [None, "7"])
+def test_configure_allocator_caps_onednn_primitive_cache_unless_the_user_set_it(preset):
+    import os
+    import subprocess
+    import sys
+
+    from sao.rl.memory import ONEDNN_CACHE_CAPACITY
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if preset is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
+    code = ("import os; from sao.rl.memory import configure_allocator; configure_allocator(); "
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (preset or str(ONEDNN_CACHE_CAPACITY))
