@@ -88,8 +88,8 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
             server = VLLMServer(VLLMServerConfig(
                 model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
                 kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
-                extra_args=tuple(cfg.engine.extra_args), startup_timeout_s=cfg.engine.startup_timeout_s,
-                log_path=log_path))
+                extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
+                startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path))
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)

@@ -145,19 +145,10 @@ class EngineConfig:
     spec_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        # The managed engines are started with `extra_args` (rl/build.py), so the speculative flag is
-        # folded in there; a config written to config.json and read back already holds it.
-        args = self.speculative_config().server_args()
-        if not args:
-            return
-        flag, value = args
-        if flag in self.extra_args:
-            at = self.extra_args.index(flag)
-            if self.extra_args[at + 1:at + 2] == [value]:
-                return
-            raise ValueError(f"engine.speculative={self.speculative} and the {flag} in engine.extra_args "
-                             "conflict; set one of them")
-        self.extra_args = [*self.extra_args, flag, value]
+        spec = self.speculative_config()  # validates the method and spec_tokens
+        if spec.enabled and "--speculative-config" in self.extra_args:
+            raise ValueError(f"engine.speculative={self.speculative} and the --speculative-config in "
+                             "engine.extra_args conflict; set one of them")
 
     def speculative_config(self) -> SpeculativeConfig:
         return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens)

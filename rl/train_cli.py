@@ -51,7 +51,10 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 def to_config(cfg: DictConfig) -> TrainConfig:
     """The composed DictConfig as the typed :class:`TrainConfig` (resolving interpolations)."""
-    obj = OmegaConf.to_object(cfg)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except ValueError as exc:  # a config record's own check (__post_init__): a bad value, not a crash
+        raise ConfigError(str(exc)) from exc
     assert isinstance(obj, TrainConfig)
     return resolve_defaults(obj)
 

@@ -49,14 +49,15 @@ def test_unknown_method_suggests_the_close_one():
         SpeculativeConfig("suffix", num_tokens=0)
 
 
-def test_engine_config_folds_the_flag_into_extra_args_once():
+def test_engine_config_passes_the_method_to_the_managed_server_not_through_extra_args():
     cfg = EngineConfig(speculative="suffix", spec_tokens=8, extra_args=["--seed", "1"])
-    assert cfg.extra_args[:2] == ["--seed", "1"] and cfg.extra_args[2] == "--speculative-config"
-    again = EngineConfig(speculative="suffix", spec_tokens=8, extra_args=list(cfg.extra_args))  # read back
-    assert again.extra_args == cfg.extra_args
+    assert cfg.extra_args == ["--seed", "1"]  # the config is not rewritten: read back, it is the same
+    cmd = VLLMServerConfig(model="m", extra_args=tuple(cfg.extra_args), speculative=cfg.speculative_config()).command(1)
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens"] == 8
     with pytest.raises(ValueError, match="conflict"):
         EngineConfig(speculative="suffix", extra_args=["--speculative-config", "{}"])
-    assert EngineConfig().extra_args == []
+    with pytest.raises(ValueError, match="did you mean 'suffix'"):
+        EngineConfig(speculative="sufix")
 
 
 def test_parse_metrics_reads_counters_and_gauges():

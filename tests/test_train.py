@@ -183,6 +183,8 @@ def test_bad_configs_fail_with_a_message() -> None:
             compose("config", overrides=["max_step=3"])  # a typo: the schema has no such key
         with pytest.raises((ConfigCompositionException, ValidationError)):
             compose("config", overrides=["batch_size=eight"])  # wrong type
+        with pytest.raises(ConfigError, match="did you mean 'suffix'"):  # a record's own check: exit 2, not a traceback
+            sao.rl.train_cli.to_config(compose("config", overrides=["engine.speculative=sufix"]))
 
 
 def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
