@@ -129,7 +129,8 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
         return None
     e = cfg.eval
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=e.max_tokens or cfg.env.max_tokens,
-                      max_model_len=cfg.engine.max_model_len, temperature=e.temperature, top_p=1.0)
+                      max_tokens_per_turn=cfg.env.max_tokens_per_turn, max_model_len=cfg.engine.max_model_len,
+                      temperature=e.temperature, top_p=1.0)
     return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name,
                        env_kwargs={**env_kwargs(cfg), **cfg.env.heldout_kwargs}, loop=loop, problems=e.problems,
                        concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval)
@@ -179,8 +180,8 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dic
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     renderer_for = Renderers(tokenizer)
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
-                      max_model_len=cfg.engine.max_model_len, temperature=cfg.rollout.temperature,
-                      top_p=cfg.rollout.top_p)
+                      max_tokens_per_turn=cfg.env.max_tokens_per_turn, max_model_len=cfg.engine.max_model_len,
+                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
     # managed engines start from an untied copy of the policy, so that every sync moves their LM head
     # too (sao.rl.sync module doc); external ones must have been started from such a copy

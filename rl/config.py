@@ -68,6 +68,7 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
     max_tokens: int = 256  # generated tokens per trajectory, all turns together
+    max_tokens_per_turn: int | None = None  # a cap on one turn's answer; None: what is left of max_tokens
     domain: str | None = None  # math | coding; None: the registry entry's (sao.envs.registry.EnvEntry.domain)
     # episodes of this env in flight at once in this process, over every replica (each coding episode
     # holds a container); None: no bound beyond rollout.concurrency for math, and for coding what the

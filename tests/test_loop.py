@@ -220,3 +220,13 @@ def test_env_exception_is_recorded():
     with FakeServer() as server:
         t = asyncio.run(go(server))
     assert t.status == "failed" and "disk on fire" in t.error and t.num_action_tokens > 0
+
+
+def test_max_tokens_per_turn_caps_each_request_within_the_trajectory_budget():
+    with FakeServer([Reply(text="maybe 3"), Reply(text="hmm"), Reply(text=f"\\boxed{{{GOLD}}}")]) as server:
+        t = episode(server, cfg=LoopConfig(max_tokens=256, max_tokens_per_turn=40), feedback_turns=2)
+    assert t.status == "ok" and len(server.requests) == 3
+    assert [r["max_tokens"] for r in server.requests] == [40, 40, 40]
+    with FakeServer([Reply(text=f"\\boxed{{{GOLD}}}")]) as server:
+        episode(server, cfg=LoopConfig(max_tokens=30, max_tokens_per_turn=40))
+    assert server.requests[0]["max_tokens"] == 30  # never past what the trajectory has left

@@ -455,3 +455,16 @@ def test_the_dis_band_follows_the_environments_domain():
     assert composed("algo=grpo", "env.name=swe-local").algo.eps_high == 0.28  # PPO's clip is not DIS's band
     with pytest.raises(ConfigError, match="unknown environment"):
         composed("env.name=no-such-env")
+
+
+def test_swe_envs_cap_one_turns_answer() -> None:
+    from hydra import compose, initialize_config_module
+
+    import sao.rl.train_cli as cli
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        for env in ("swe-local", "swe-bench-verified"):
+            assert cli.to_config(compose("config", overrides=[f"env={env}"])).env.max_tokens_per_turn == 256
+        assert cli.to_config(compose("config")).env.max_tokens_per_turn is None  # arithmetic: one turn
+    with pytest.raises(ValueError, match="max_tokens_per_turn"):
+        LoopConfig(max_tokens_per_turn=0)
