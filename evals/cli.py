@@ -20,7 +20,6 @@ from sao.envs import EnvError, entries
 from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 
 from .runner import EvalConfig, EvalError, evaluate
-from .speculative import evaluate_speculative
 
 console = Console(stderr=True)
 
@@ -114,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
             endpoint_mode=args.endpoint_mode,
+            speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens),
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
-        speculative = SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as bar:
@@ -133,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 return done
 
-            if speculative.enabled:
-                summary = evaluate_speculative(cfg, speculative, progress=start)
-            else:
-                summary = evaluate(cfg, progress=start)
+            summary = evaluate(cfg, progress=start)
     except (EvalError, EnvError, AgentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,8 @@ from sao.agents import (
 )
 from sao.agents.episodes import opened
 from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
+from sao.agents.engine_metrics import EngineMetrics, read_metrics
+from sao.agents.speculative import SpeculativeConfig
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
@@ -86,8 +88,14 @@ class EvalConfig:
     env_args: dict[str, Any] = field(default_factory=dict)
     grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
     endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.endpoint)
+    speculative: SpeculativeConfig = SpeculativeConfig()  # how the local vLLM speculates (--speculative)
 
     def __post_init__(self) -> None:
+        if self.speculative.enabled and self.base_url is not None:
+            raise EvalError("--speculative starts a local vLLM with it; a server at --base-url was started with "
+                            "its own --speculative-config")
+        if self.speculative.enabled and (self.agent != "llm" or self.grade_only is not None):
+            raise EvalError("--speculative needs the model to play (--agent llm, no --grade-only)")
         if self.endpoint_mode not in ENDPOINT_MODES:
             raise EvalError(f"--endpoint-mode must be one of {ENDPOINT_MODES}, got {self.endpoint_mode!r}")
         if self.endpoint_mode == "chat" and self.base_url is None and self.agent == "llm" and self.grade_only is None:
@@ -343,18 +351,35 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     task_ids, env_kwargs = plan(cfg)
     done = prepare_output(cfg)
     pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
-    rollout_s = 0.0
+    rollout_s, used = 0.0, None
     if pairs:
         engine = (open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
                                 max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log",
-                                mode=cfg.endpoint_mode)
+                                mode=cfg.endpoint_mode, speculative=cfg.speculative)
                   if cfg.agent == "llm" and cfg.grade_only is None else contextlib.nullcontext())
         with engine as endpoint, TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
+            before = read_metrics(_root(endpoint)) if cfg.speculative.enabled else None
             t_rollout = time.monotonic()
             asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))
             rollout_s = time.monotonic() - t_rollout
+            used = read_metrics(_root(endpoint)).since(before) if before is not None else None
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
     summary["rollout_s"] = round(rollout_s, 3)  # this invocation's episodes only, engine start-up excluded
+    if used is not None:
+        summary |= speculative_summary(cfg.speculative, used)
     write_outputs(cfg, summary, results)
     return summary
+
+
+def _root(endpoint: Endpoint) -> str:
+    return endpoint.base_url.removesuffix("/v1")
+
+
+def speculative_summary(speculative: SpeculativeConfig, used: EngineMetrics) -> dict[str, Any]:
+    """What ``summary.json`` adds under ``--speculative``: the engine's ``/metrics`` counted over this
+    invocation's episodes (accepted / proposed draft tokens, accepted tokens per draft, prompt tokens
+    served from the prefix cache / looked up, and the counts behind them)."""
+    return {"speculative": speculative.method, "spec_acceptance": used.spec_acceptance,
+            "spec_accepted_per_draft": used.spec_accepted_per_draft,
+            "prefix_cache_hit_rate": used.prefix_cache_hit_rate, "engine": used.summary()}

@@ -81,3 +81,14 @@ def test_since_is_the_window_and_rates_are_none_without_data():
     empty = parse_metrics("")
     assert empty.spec_acceptance is None and empty.prefix_cache_hit_rate is None
     assert empty.summary()["spec_acceptance"] is None
+
+
+def test_eval_config_refuses_speculation_it_cannot_start(tmp_path):
+    from sao.evals.runner import EvalConfig, EvalError
+
+    suffix = SpeculativeConfig("suffix")
+    with pytest.raises(EvalError, match="--base-url"):
+        EvalConfig("arithmetic", tmp_path, base_url="http://x:1/v1", speculative=suffix)
+    with pytest.raises(EvalError, match="--agent llm"):
+        EvalConfig("arithmetic", tmp_path, agent="gold", speculative=suffix)
+    assert EvalConfig("arithmetic", tmp_path, speculative=suffix).speculative.enabled
