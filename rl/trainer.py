@@ -27,12 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from torch import nn
 
 from sao.agents.store import TrajectoryWriter
 from sao.rl.algos import Algorithm
+from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.batch import collate
 from sao.rl.checkpoint import Checkpointer, TrainState
 from sao.rl.config import TrainConfig
@@ -64,20 +65,6 @@ def refuse_to_overwrite(run_dir: Path) -> None:
     if metrics.exists() and metrics.stat().st_size > 0:
         raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
                          "or choose another output_dir")
-
-
-@runtime_checkable
-class PartwiseAlgorithm(Protocol):
-    """An algorithm that can take one policy step part by part (GRPO: complete groups carry their own
-    baseline), when ``streams``."""
-
-    streams: bool
-
-    def begin(self, learner: Learner) -> None: ...
-
-    def accumulate(self, learner: Learner, batch: Batch) -> None: ...
-
-    def finish(self, learner: Learner) -> dict[str, float]: ...
 
 
 class Syncer(Protocol):

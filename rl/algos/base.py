@@ -3,7 +3,7 @@ algorithms with a critic, and the broadcast of a per-trajectory advantage to its
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -46,3 +46,17 @@ class Stateless:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+@runtime_checkable
+class PartwiseAlgorithm(Protocol):
+    """An algorithm that can take one policy step part by part (GRPO: complete groups carry their own
+    baseline), when ``streams``."""
+
+    streams: bool
+
+    def begin(self, learner: Learner) -> None: ...
+
+    def accumulate(self, learner: Learner, batch: Batch) -> None: ...
+
+    def finish(self, learner: Learner) -> dict[str, float]: ...
