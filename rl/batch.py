@@ -75,6 +75,11 @@ class Batch:
         return replace(self, **{f.name: getattr(self, f.name)[order] for f in fields(self)
                                 if getattr(self, f.name) is not None})
 
+    def select(self, index: Tensor) -> Batch:
+        """The rows at ``index`` (a 1-D long tensor), in that order, at the batch's full width."""
+        return replace(self, **{f.name: getattr(self, f.name)[index.to(self.input_ids.device)] for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
     def rows(self, start: int, stop: int) -> Batch:
         """Rows ``start:stop``, with padding columns that no kept row uses trimmed away."""
         width = max(int(self.attention_mask[start:stop].sum(-1).max()), 1) if stop > start else 1

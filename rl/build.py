@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 def learner_config(cfg: TrainConfig) -> LearnerConfig:
     a, o = cfg.algo, cfg.optim
     return LearnerConfig(lr=o.lr, value_lr=o.value_lr, value_warmup_steps=o.value_warmup_steps,
+                         lr_decay=o.lr_decay, decay_steps=cfg.max_steps, min_lr_ratio=o.min_lr_ratio,
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
                          value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
                          critic_bf16=o.critic_bf16,

@@ -91,7 +91,8 @@ class Checkpointer:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=self.root))
         try:
             save_model(learner.policy, str(tmp / "policy.safetensors"))
-            optim: dict[str, Any] = {"policy": learner.policy_optimizer.state_dict()}
+            optim: dict[str, Any] = {"policy": learner.policy_optimizer.state_dict(),
+                                     "policy_scheduler": learner.policy_scheduler.state_dict()}
             if learner.value_model is not None:
                 save_model(learner.value_model, str(tmp / "value.safetensors"))
                 optim["value"] = learner.value_optimizer.state_dict()
@@ -123,6 +124,8 @@ class Checkpointer:
         load_model(learner.policy, str(folder / "policy.safetensors"), strict=True)
         optim = torch.load(folder / "optim.pt", weights_only=False)
         learner.policy_optimizer.load_state_dict(optim["policy"])
+        if "policy_scheduler" in optim:  # checkpoints from before the policy lr schedule ran at a constant lr
+            learner.policy_scheduler.load_state_dict(optim["policy_scheduler"])
         has_value = (folder / "value.safetensors").is_file()
         if has_value != (learner.value_model is not None):
             raise ValueError(f"{folder}: the checkpoint {'has' if has_value else 'has no'} value model, "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agents.speculative import SpeculativeConfig
+from sao.rl.lr_schedule import LrSchedule
 
 
 @dataclass
@@ -48,6 +49,9 @@ class OptimConfig:
     lr: float = 3e-5  # the 135M CPU demo; the paper (30B) uses 1e-6 (see conf/config.yaml)
     value_lr: float | None = None  # None: 5 x lr (METHOD.md 1.2)
     value_warmup_steps: int = 10
+    # the policy lr over the run: constant, or linear | cosine decay to min_lr_ratio x lr at max_steps
+    lr_decay: str = "constant"
+    min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
     # padded tokens per micro-batch (exact gradient accumulation); bounds the activations' memory
@@ -58,6 +62,12 @@ class OptimConfig:
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
     bf16: bool = False
     critic_bf16: bool | None = True  # bf16 autocast of the value model's passes (None: as bf16)
+
+    def __post_init__(self) -> None:
+        try:  # the run's steps are checked where they are known (TrainConfig)
+            LrSchedule(self.lr_decay, 1, self.min_lr_ratio)
+        except ValueError as exc:
+            raise ValueError(f"optim: {exc}") from exc
 
 
 @dataclass

@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from sao.rl.batch import Batch, micro_batches
+from sao.rl.data_parallel import DataParallel
+from sao.rl.lr_schedule import LrSchedule
 from sao.rl.losses import AGG_MODES, kl_estimates, value_loss
 from sao.rl.value import ValueModel, backbone_of
 
@@ -35,6 +37,11 @@ class LearnerConfig:
     lr: float = 1e-6
     value_lr: float | None = None  # None: 5 x lr (paper: 5e-6 vs 1e-6)
     value_warmup_steps: int = 10  # linear warm-up of the value optimizer's lr
+    # the policy's lr over its steps (sao.rl.lr_schedule): constant, or linear | cosine decay from lr
+    # to min_lr_ratio x lr at step decay_steps (the run's max_steps)
+    lr_decay: str = "constant"
+    decay_steps: int | None = None
+    min_lr_ratio: float = 0.1
     weight_decay: float = 0.01  # open in the paper; AdamW's usual RL value
     grad_clip: float | None = 1.0  # max global grad norm per model; None: no clipping (norm still logged)
     token_budget: int | None = None  # padded tokens per micro-batch; None: the whole batch at once
@@ -59,6 +66,11 @@ class LearnerConfig:
             raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
         if self.logprob_chunk < 1 or self.value_warmup_steps < 0:
             raise ValueError("logprob_chunk must be >= 1, value_warmup_steps >= 0")
+        LrSchedule(self.lr_decay, self.decay_steps, self.min_lr_ratio)  # validates the schedule
+
+    @property
+    def lr_schedule(self) -> LrSchedule:
+        return LrSchedule(self.lr_decay, self.decay_steps, self.min_lr_ratio)
 
     @property
     def critic_autocast(self) -> bool:
@@ -171,12 +183,17 @@ class Learner:
         value_model: ValueModel | None = None,
         policy_optimizer: torch.optim.Optimizer | None = None,
         value_optimizer: torch.optim.Optimizer | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.config = cfg = config or LearnerConfig()
         self.policy, self.value_model = policy, value_model
+        # one rank of a data-parallel learner (sao.rl.data_parallel): every step is handed the whole
+        # batch, trains on this rank's rows and sums gradients and metrics over the ranks
+        self.dp = data_parallel
         self._stream: _PartialStep | None = None  # a policy step being accumulated part by part
         self.device = next(policy.parameters()).device
         self.policy_optimizer = policy_optimizer or adamw(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.policy_scheduler = torch.optim.lr_scheduler.LambdaLR(self.policy_optimizer, cfg.lr_schedule.factor)
         self.value_optimizer = self.value_scheduler = None
         if value_model is not None:
             if cfg.freeze_value_attention:
@@ -202,6 +219,28 @@ class Learner:
             return float(max(rows, 1))
         return float(self.config.agg_normalizer)
 
+    def _local(self, batch: Batch) -> Batch:
+        """The rows this process trains on: all of them, or this rank's share."""
+        return batch if self.dp is None else self.dp.shard(batch)
+
+    def _reduce(self, params: Any, sums: dict[str, float], loss: float, n_mb: int
+                ) -> tuple[dict[str, float], float, int]:
+        """Data-parallel: sum ``params``' gradients and the step's metric sums over the ranks."""
+        if self.dp is None:
+            return sums, loss, n_mb
+        self.dp.sum_grads(params)
+        total = self.dp.sum_floats({**{f"m:{k}": v for k, v in sums.items()}, "loss": loss, "n_mb": n_mb})
+        return ({k[2:]: v for k, v in total.items() if k.startswith("m:")}, total["loss"], int(total["n_mb"]))
+
+    def _gather(self, values: list[Tensor], last: list[Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
+        """The whole batch's (values [B, T], last [B]) from this process's micro-batches' pieces."""
+        width = batch.input_ids.shape[1]
+        v = torch.cat(values) if values else torch.zeros((0, width), device=self.device)
+        lv = torch.cat(last) if last else torch.zeros((0,), device=self.device)
+        if self.dp is None:
+            return v, lv
+        return self.dp.gather_rows(v, batch.size), self.dp.gather_rows(lv, batch.size)
+
     def _value(self) -> ValueModel:
         if self.value_model is None:
             raise ValueError("this Learner has no value model; pass value_model=ValueModel.from_policy(policy)")
@@ -214,13 +253,15 @@ class Learner:
         """The value model's current predictions, no gradient: (values [B, T] token-aligned, last [B]
         the value after each row's final token), as in :meth:`ValueModel.token_values`."""
         vm, cfg = self._value(), self.config
+        batch = batch.to(self.device)
+        local = self._local(batch)
         values, last = [], []
-        for mb in micro_batches(batch.to(self.device), cfg.token_budget):
+        for mb in micro_batches(local, cfg.token_budget) if local.size else []:
             with _autocast(self.device, cfg.critic_autocast):
                 v, v_last = vm.token_values(mb.input_ids, mb.attention_mask)
             values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
             last.append(v_last.float())
-        return torch.cat(values), torch.cat(last)
+        return self._gather(values, last, batch)
 
     def value_step(self, batch: Batch) -> dict[str, float]:
         """One critic optimizer step on ``batch`` (clipped value loss at action tokens, METHOD.md 1.9).
@@ -243,11 +284,12 @@ class Learner:
     def _value_step(self, batch: Batch, targets: CriticTargets | None
                     ) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
         vm, cfg = self._value(), self.config
-        norm = self._normalizer(batch.action_mask)
+        norm = self._normalizer(batch.action_mask)  # the whole batch's, on every rank
         self.value_optimizer.zero_grad(set_to_none=True)
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         seen_values, seen_last = [], []
-        for mb in micro_batches(batch, cfg.token_budget):
+        local = self._local(batch)
+        for mb in micro_batches(local, cfg.token_budget) if local.size else []:
             with _autocast(self.device, cfg.critic_autocast):
                 values, last = vm.token_values(mb.input_ids, mb.attention_mask)
             values, last = values.float(), last.float()
@@ -263,6 +305,7 @@ class Learner:
             for k, v in m.items():
                 sums[k] += v * mb.num_action_tokens
         trainable = [p for p in vm.parameters() if p.requires_grad]
+        sums, loss_total, n_mb = self._reduce(trainable, sums, loss_total, n_mb)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or float("inf"))
         lr = self.value_optimizer.param_groups[0]["lr"]
         self.value_optimizer.step()
@@ -271,7 +314,7 @@ class Learner:
         n = max(batch.num_action_tokens, 1)
         metrics = {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
                    "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
-        return metrics, (torch.cat(seen_values), torch.cat(seen_last))
+        return metrics, self._gather(seen_values, seen_last, batch)
 
     # ---- policy ----------------------------------------------------------------------------------
 
@@ -287,7 +330,9 @@ class Learner:
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
         self.policy_optimizer.zero_grad(set_to_none=True)
         sums: defaultdict[str, float] = defaultdict(float)
-        loss_total, n_mb = self._policy_backward(batch, loss_fn, self._normalizer(batch.action_mask), sums)
+        norm = self._normalizer(batch.action_mask)  # the whole batch's, on every rank
+        loss_total, n_mb = self._policy_backward(self._local(batch), loss_fn, norm, sums)
+        sums, loss_total, n_mb = self._reduce(self.policy.parameters(), sums, loss_total, n_mb)
         return self._policy_apply(sums, loss_total, n_mb, batch.num_action_tokens)
 
     # ---- a policy step over micro-batches that arrive one by one (RolloutPipe's CGP) -------------
@@ -307,7 +352,7 @@ class Learner:
         if st is None:
             raise RuntimeError("accumulate_policy before begin_policy_step")
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
-        loss, n_mb = self._policy_backward(batch, loss_fn, 1.0, st.sums)
+        loss, n_mb = self._policy_backward(self._local(batch), loss_fn, 1.0, st.sums)
         st.loss += loss
         st.micro_batches += n_mb
         st.action_tokens += batch.num_action_tokens
@@ -317,9 +362,10 @@ class Learner:
     def finish_policy_step(self) -> dict[str, float]:
         """Divide the accumulated gradients by the whole batch's normalizer and take the step."""
         st = self._stream
-        if st is None or st.micro_batches == 0:
+        if st is None or st.parts == 0:
             raise RuntimeError("finish_policy_step needs begin_policy_step and at least one accumulate_policy")
         self._stream = None
+        st.sums, st.loss, st.micro_batches = self._reduce(self.policy.parameters(), st.sums, st.loss, st.micro_batches)
         norm = self._normalizer_of(st.action_tokens, st.rows)
         for param in self.policy.parameters():
             if param.grad is not None:
@@ -333,7 +379,7 @@ class Learner:
         per-token-weighted metrics added to ``sums``. Returns (summed loss, micro-batches)."""
         cfg = self.config
         loss_total, n_mb = 0.0, 0
-        for mb in micro_batches(batch, cfg.token_budget):
+        for mb in micro_batches(batch, cfg.token_budget) if batch.size else []:
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16,
                                   only=mb.action_mask)
             loss, m = loss_fn(logp, mb, agg=cfg.agg, normalizer=norm)
@@ -352,10 +398,12 @@ class Learner:
     def _policy_apply(self, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int) -> dict[str, float]:
         """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip or float("inf"))
+        lr = self.policy_optimizer.param_groups[0]["lr"]
         self.policy_optimizer.step()
+        self.policy_scheduler.step()
         self.policy_optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter, not held while the critic trains
         n = max(tokens, 1)
-        return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total,
+        return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total, "optim/lr": lr,
                 "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
                 "policy/action_tokens": tokens}
 

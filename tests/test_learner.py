@@ -404,3 +404,39 @@ def test_activation_checkpointing_is_on_for_long_trajectories_only():
     assert activation_checkpointing(cfg)
     cfg.model.activation_checkpointing = False
     assert not activation_checkpointing(cfg)
+
+
+# ---- the policy's lr schedule --------------------------------------------------------------------
+
+def test_lr_schedule_shapes_and_checks():
+    from sao.rl.lr_schedule import LrSchedule
+
+    assert [LrSchedule().factor(s) for s in (0, 5, 100)] == [1.0, 1.0, 1.0]
+    lin = LrSchedule("linear", steps=5, min_ratio=0.2)
+    assert [lin.factor(s) for s in range(7)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2])
+    cos = LrSchedule("cosine", steps=3, min_ratio=0.0)
+    assert [cos.factor(s) for s in range(4)] == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    with pytest.raises(ValueError, match="known: constant, linear, cosine"):
+        LrSchedule("cos", steps=3)
+    with pytest.raises(ValueError, match="needs the run's steps"):
+        LrSchedule("linear")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        LrSchedule("linear", steps=3, min_ratio=1.5)
+
+
+def test_policy_lr_follows_the_schedule_and_a_checkpoint_resumes_it(tmp_path):
+    from sao.rl.checkpoint import Checkpointer, TrainState
+
+    cfg = LearnerConfig(lr=1e-3, lr_decay="linear", decay_steps=4, min_lr_ratio=0.25)
+    policy = tiny_llama()
+    learner = Learner(policy, cfg)
+    batch = on_policy(two_trajectory_batch(), policy)
+    from sao.rl.algos import GRPO
+
+    lrs = [GRPO().update(learner, batch)["optim/lr"] for _ in range(2)]
+    assert lrs == pytest.approx([1e-3, 0.75e-3])
+    ckpt = Checkpointer(tmp_path).save(learner, TrainState(2, 2, 0, {}, {}))
+    resumed = Learner(tiny_llama(seed=5), cfg)  # a fresh learner starts the schedule at step 0 ...
+    Checkpointer.load(ckpt, resumed)  # ... and the checkpoint puts it back at step 2
+    lrs += [GRPO().update(resumed, batch)["optim/lr"] for _ in range(3)]
+    assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3, 0.25e-3, 0.25e-3])
