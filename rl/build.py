@@ -35,6 +35,7 @@ from sao.rl.config import (
 )
 from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
+from sao.rl.precision import resolve_bf16
 from sao.rl.memory import LearnerThread, configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import RolloutSource, SyncRollout
@@ -52,7 +53,7 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
                          lr_decay=o.lr_decay, decay_steps=cfg.max_steps, min_lr_ratio=o.min_lr_ratio,
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
                          value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
-                         critic_bf16=o.critic_bf16,
+                         critic_bf16=resolve_bf16(o.critic_bf16, _device(cfg.device)),
                          freeze_value_attention=a.freeze_value_attention)
 
 
@@ -137,13 +138,15 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
                        concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval)
 
 
-def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learner:
+def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_parallel: Any = None,
+                 device: str | None = None) -> Learner:
     """The policy (the HF model in ``model.dtype`` on the run's device, in eval mode: no dropout, so the
     learner's log-probs match the engine's), its value model when the algorithm has a critic, and the
-    :class:`Learner` holding both with their optimizers."""
+    :class:`Learner` holding both with their optimizers. ``data_parallel``: this process's rank of a
+    data-parallel learner (sao.rl.dp_launch), on ``device`` (its GPU)."""
     from transformers import AutoModelForCausalLM
 
-    device = _device(cfg.device)
+    device = torch.device(device) if device is not None else _device(cfg.device)
     config = learner_config(cfg)
 
     def attention(bf16: bool) -> str:
@@ -164,20 +167,34 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool) -> Learne
 
         n = [enable_activation_checkpointing(m) for m in (policy, value) if m is not None]
         log.info("activation checkpointing: %s decoder layers recomputed in the backward pass", " + ".join(map(str, n)))
-    return Learner(policy, config, value_model=value)
+    return Learner(policy, config, value_model=value, data_parallel=data_parallel)
 
 
 async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
     env_name = resolve(cfg.env.name).name
     tasks = ScheduledTaskStream(env_name, env_kwargs(cfg), cfg.seed, cfg.schedule)
     model_path = await asyncio.to_thread(ensure_model, cfg.model.name)
     torch.manual_seed(cfg.seed)
+    with contextlib.ExitStack() as ranks_stack:
+        if cfg.learner.world_size == 1:
+            learner = make_learner(cfg, model_path, algo.uses_critic)
+        else:  # data-parallel: this process is rank 0 (sao.rl.dp_launch)
+            from sao.rl.dp_launch import LearnerRanks
+
+            ranks = ranks_stack.enter_context(LearnerRanks(cfg, model_path))
+            learner = make_learner(cfg, model_path, algo.uses_critic, data_parallel=ranks.data_parallel(),
+                                   device=ranks.device)
+            algo = ranks.lead(algo, learner)
+        return await _train(cfg, run_dir, sinks, algo, learner, model_path, tasks, env_name)
+
+
+async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo: Any, learner: Learner,
+                 model_path: str, tasks: Any, env_name: str) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    learner = make_learner(cfg, model_path, algo.uses_critic)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     renderer_for = Renderers(tokenizer)
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,

@@ -61,9 +61,13 @@ class OptimConfig:
     # |log-prob| noise between learner and an fp32 engine on sampled tokens (measured, issue 13),
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
     bf16: bool = False
-    critic_bf16: bool | None = True  # bf16 autocast of the value model's passes (None: as bf16)
+    # bf16 autocast of the value model's passes: auto (where bf16 is fast: CUDA, or a CPU with AMX;
+    # sao.rl.precision), true, false, or null (as bf16)
+    critic_bf16: Any = "auto"
 
     def __post_init__(self) -> None:
+        if self.critic_bf16 not in ("auto", True, False, None):
+            raise ValueError(f"optim.critic_bf16 must be auto, true, false or null, got {self.critic_bf16!r}")
         try:  # the run's steps are checked where they are known (TrainConfig)
             LrSchedule(self.lr_decay, 1, self.min_lr_ratio)
         except ValueError as exc:
@@ -234,6 +238,25 @@ class EvalConfig:
 
 
 @dataclass
+class LearnerRanksConfig:
+    """The learner's processes (sao.rl.dp_ranks): ``world_size`` data-parallel ranks on this machine,
+    each training on its share of every batch (gloo on CPU, NCCL on GPUs: one GPU a rank)."""
+
+    world_size: int = 1
+    backend: str = "auto"  # auto | gloo | nccl
+    # torch threads of each rank; null: the machine's cores / world_size (ranks share the cores)
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"learner.world_size must be >= 1, got {self.world_size}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"learner.backend={self.backend!r}: known auto, gloo, nccl")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"learner.threads must be >= 1, got {self.threads}")
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 24  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
@@ -246,6 +269,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda when present, else cpu
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    learner: LearnerRanksConfig = field(default_factory=LearnerRanksConfig)  # data-parallel ranks
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
