@@ -86,3 +86,55 @@ def test_two_gloo_ranks_give_the_single_process_update(algo_name: str, tmp_path:
     for key in ("loss/policy", "rollout/logprob_gap", "grad_norm/policy", "policy/action_tokens"):
         for step, ref_m in enumerate(ref_metrics):
             assert ranks[0]["metrics"][step][key] == pytest.approx(ref_m[key], rel=1e-5, abs=1e-7), (key, step)
+
+
+# ---- rank 0 leads, the others follow (sao.rl.dp_ranks) ---------------------------------------------
+
+def _leader_or_follower(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from sao.rl.data_parallel import DataParallel
+    from sao.rl.dp_ranks import Channel, LeaderAlgorithm, follow
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    channel = Channel()
+    policy = tiny_llama(seed=0)
+    torch.manual_seed(100 + rank)  # a different value head on each rank: the leader's must win
+    value = ValueModel.from_policy(policy)
+    learner = Learner(policy, LearnerConfig(lr=1e-3, token_budget=24, lr_decay="linear", decay_steps=4),
+                      value_model=value, data_parallel=DataParallel())
+    try:
+        if rank == 0:
+            leader = LeaderAlgorithm(SAO(), channel, learner)
+            leader.share()
+            batch = batch_for(tiny_llama(seed=0))
+            leader.pretrain_critic(learner, batch)
+            for _ in range(2):
+                leader.update(learner, batch)
+            # a resume: rank 0 loads a state the followers never saw (here: its weights scaled), then shares it
+            with torch.no_grad():
+                for p in learner.policy.parameters():
+                    p.mul_(0.5)
+            leader.load_state_dict({})
+            leader.update(learner, batch)
+            channel.send("stop")
+        else:
+            assert follow(learner, SAO(), channel) == 4
+        torch.save({"state": state_of(learner), "lr": learner.policy_optimizer.param_groups[0]["lr"]},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_followers_run_the_leaders_calls_and_take_its_state_at_start_and_on_resume(tmp_path: Path) -> None:
+    mp.start_processes(_leader_or_follower, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
+                       start_method="spawn")
+    leader, follower = (torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD))
+    assert leader["lr"] == follower["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 3 / 3))  # the schedule moved too
+    worst = max(float((leader["state"][k] - follower["state"][k]).abs().max()) for k in leader["state"])
+    assert worst == 0.0, f"the ranks' learners differ by {worst}"
+    # and they trained: the value head is not the follower's own initial one
+    torch.manual_seed(101)
+    own = ValueModel.from_policy(tiny_llama(seed=0)).state_dict()["head.weight"]
+    assert not torch.equal(follower["state"]["value.head.weight"], own)
