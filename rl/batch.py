@@ -72,8 +72,7 @@ class Batch:
         order = torch.argsort(self.attention_mask.sum(-1), stable=True)
         if bool((order == torch.arange(self.size)).all()):
             return self
-        return replace(self, **{f.name: getattr(self, f.name)[order] for f in fields(self)
-                                if getattr(self, f.name) is not None})
+        return self.select(order)
 
     def select(self, index: Tensor) -> Batch:
         """The rows at ``index`` (a 1-D long tensor), in that order, at the batch's full width."""
@@ -149,11 +148,14 @@ def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:
     """Split ``batch`` into consecutive row ranges, each with at most ``token_budget`` padded tokens
     (rows x its own longest row), and at least one row each, so a row longer than the budget travels
     alone. Order is kept; each micro-batch is trimmed to its own longest row. ``None``: one micro-batch.
+    A batch without rows (a data-parallel rank's empty share) has none.
     """
+    if token_budget is not None and token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    if batch.size == 0:
+        return []
     if token_budget is None:
         return [batch.rows(0, batch.size)]
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     lengths = batch.attention_mask.sum(-1).clamp(min=1).tolist()
     out, start, longest = [], 0, 0
     for i, n in enumerate(lengths):

@@ -256,7 +256,7 @@ class Learner:
         batch = batch.to(self.device)
         local = self._local(batch)
         values, last = [], []
-        for mb in micro_batches(local, cfg.token_budget) if local.size else []:
+        for mb in micro_batches(local, cfg.token_budget):
             with _autocast(self.device, cfg.critic_autocast):
                 v, v_last = vm.token_values(mb.input_ids, mb.attention_mask)
             values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
@@ -289,7 +289,7 @@ class Learner:
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         seen_values, seen_last = [], []
         local = self._local(batch)
-        for mb in micro_batches(local, cfg.token_budget) if local.size else []:
+        for mb in micro_batches(local, cfg.token_budget):
             with _autocast(self.device, cfg.critic_autocast):
                 values, last = vm.token_values(mb.input_ids, mb.attention_mask)
             values, last = values.float(), last.float()
@@ -379,7 +379,7 @@ class Learner:
         per-token-weighted metrics added to ``sums``. Returns (summed loss, micro-batches)."""
         cfg = self.config
         loss_total, n_mb = 0.0, 0
-        for mb in micro_batches(batch, cfg.token_budget) if batch.size else []:
+        for mb in micro_batches(batch, cfg.token_budget):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16,
                                   only=mb.action_mask)
             loss, m = loss_fn(logp, mb, agg=cfg.agg, normalizer=norm)

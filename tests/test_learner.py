@@ -76,6 +76,10 @@ def test_micro_batches_respect_budget_keep_order_and_trim():
     assert torch.equal(torch.cat([m.rewards for m in mbs]), b.rewards)
     assert all(m.input_ids.numel() <= 12 for m in mbs)
     assert [m.size for m in micro_batches(b, 1)] == [1] * 5  # a row longer than the budget travels alone
+    empty = b.select(torch.arange(0))  # a data-parallel rank's empty share
+    assert micro_batches(empty, 12) == [] and micro_batches(empty, None) == []
+    with pytest.raises(ValueError, match="token_budget"):
+        micro_batches(empty, 0)
 
 
 # ---- token log-probs -----------------------------------------------------------------------------
