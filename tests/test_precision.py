@@ -26,3 +26,14 @@ def test_the_config_refuses_an_unknown_setting_and_the_learner_gets_the_resolved
     assert learner_config(cfg).critic_bf16 == bf16_is_fast("cpu")
     cfg.optim.critic_bf16 = True
     assert learner_config(cfg).critic_bf16 is True
+
+
+def test_auto_is_resolved_for_the_device_the_learner_runs_on(monkeypatch):
+    import sao.rl.build as build
+
+    seen = []
+    monkeypatch.setattr(build, "resolve_bf16", lambda setting, device: seen.append(torch.device(device)) or False)
+    cfg = TrainConfig(device="cuda")  # a data-parallel rank on the CPU of a machine with fewer GPUs than ranks
+    build.learner_config(cfg, torch.device("cpu"))
+    build.learner_config(cfg)
+    assert seen == [torch.device("cpu"), torch.device("cuda")]
