@@ -104,7 +104,6 @@ class LearnerRanks:
         self.plan = plan(cfg)
         self.processes: list[Any] = []
         self.channel: Channel | None = None
-        self.leader: LeaderAlgorithm | None = None
 
     def __enter__(self) -> LearnerRanks:
         p = self.plan
@@ -132,9 +131,9 @@ class LearnerRanks:
     def lead(self, algo: Any, learner: Learner) -> LeaderAlgorithm:
         """Rank 0's algorithm, after every rank has taken rank 0's initial learner state."""
         assert self.channel is not None
-        self.leader = LeaderAlgorithm(algo, self.channel, learner)
-        self.leader.share()
-        return self.leader
+        leader = LeaderAlgorithm(algo, self.channel, learner)
+        leader.share()
+        return leader
 
     def __exit__(self, *exc: Any) -> None:
         try:

@@ -120,9 +120,6 @@ class LeaderAlgorithm:
         self.channel.send("state", algo_state if algo_state is not None else self.algo.state_dict())
         broadcast_learner(self.learner, self.channel)
 
-    def stop(self) -> None:
-        self.channel.send("stop")
-
 
 def follow(learner: Learner, algo: Any, channel: Channel) -> int:
     """A follower's loop: run rank 0's learner calls until it says stop; returns the calls run."""
