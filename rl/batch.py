@@ -144,11 +144,13 @@ def _draw(tr: Trajectory) -> tuple[str, str, int | None]:
     return tr.env, tr.task_id, tr.rollout.prompt_index if tr.rollout is not None else None
 
 
-def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:
-    """Split ``batch`` into consecutive row ranges, each with at most ``token_budget`` padded tokens
-    (rows x its own longest row), and at least one row each, so a row longer than the budget travels
-    alone. Order is kept; each micro-batch is trimmed to its own longest row. ``None``: one micro-batch.
-    A batch without rows (a data-parallel rank's empty share) has none.
+def micro_batches(batch: Batch, token_budget: int | None, *, packed: bool = False) -> list[Batch]:
+    """Split ``batch`` into consecutive row ranges of at most ``token_budget`` tokens each, and at
+    least one row each, so a row longer than the budget travels alone. Tokens are counted as the
+    forward pass will run them: padded (rows x the range's longest row), or with ``packed`` (the
+    learner lays the rows end to end, :mod:`sao.rl.packing`) the rows' real tokens. Order is kept;
+    each micro-batch is trimmed to its own longest row. ``None``: one micro-batch. A batch without
+    rows (a data-parallel rank's empty share) has none.
     """
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
@@ -157,12 +159,12 @@ def micro_batches(batch: Batch, token_budget: int | None) -> list[Batch]:
     if token_budget is None:
         return [batch.rows(0, batch.size)]
     lengths = batch.attention_mask.sum(-1).clamp(min=1).tolist()
-    out, start, longest = [], 0, 0
+    out, start, longest, total = [], 0, 0, 0
     for i, n in enumerate(lengths):
-        widest = max(longest, n)
-        if i > start and widest * (i - start + 1) > token_budget:
+        widest, cost = max(longest, n), total + n
+        if i > start and (cost if packed else widest * (i - start + 1)) > token_budget:
             out.append(batch.rows(start, i))
-            start, widest = i, n
-        longest = widest
+            start, widest, cost = i, n, n
+        longest, total = widest, cost
     out.append(batch.rows(start, len(lengths)))
     return out

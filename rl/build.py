@@ -56,7 +56,7 @@ def learner_config(cfg: TrainConfig, device: torch.device | None = None) -> Lear
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
                          value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
                          critic_bf16=resolve_bf16(o.critic_bf16, device or _device(cfg.device)),
-                         freeze_value_attention=a.freeze_value_attention)
+                         freeze_value_attention=a.freeze_value_attention, pack=o.pack)
 
 
 def _device(name: str) -> torch.device:

@@ -54,9 +54,12 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float | None = 1.0
-    # padded tokens per micro-batch (exact gradient accumulation); bounds the activations' memory
-    # whatever the batch holds. None: the whole batch at once
-    token_budget: int | None = 512
+    # tokens per micro-batch (exact gradient accumulation); bounds the activations' memory whatever
+    # the batch holds. None: the whole batch at once
+    token_budget: int | None = 256
+    # lay each micro-batch's rows end to end without padding (sao.rl.packing); token_budget then
+    # counts real tokens. false: right-padded rows (token_budget counts padded tokens)
+    pack: bool = True
     # bf16 autocast of the policy's passes. Off by default: on the CPU it puts 0.03-0.07 of mean
     # |log-prob| noise between learner and an fp32 engine on sampled tokens (measured, issue 13),
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
@@ -258,7 +261,7 @@ class LearnerRanksConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 24  # policy steps, each followed by a weight sync
+    max_steps: int = 16  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
     seed: int = 0
     batch_size: int = 8  # trajectories per policy step (prompts x group_size)

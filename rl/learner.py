@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -26,8 +27,11 @@ from torch.utils.checkpoint import checkpoint
 from sao.rl.batch import Batch, micro_batches
 from sao.rl.data_parallel import DataParallel
 from sao.rl.lr_schedule import LrSchedule
+from sao.rl.packing import packing_is_exact, trunk_hidden
 from sao.rl.losses import AGG_MODES, kl_estimates, value_loss
 from sao.rl.value import ValueModel, backbone_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,6 +60,10 @@ class LearnerConfig:
     critic_bf16: bool | None = None
     freeze_value_attention: bool = True
     logprob_chunk: int = 1024  # positions per chunk of the vocab log-softmax
+    # run each micro-batch's rows end to end, without padding (sao.rl.packing): fewer positions and
+    # few distinct shapes; ``token_budget`` then counts real tokens. Turned off (with a warning) for
+    # a model whose packed and padded hidden states differ.
+    pack: bool = True
 
     def __post_init__(self) -> None:
         if self.agg not in AGG_MODES:
@@ -105,7 +113,7 @@ def _chunk_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, bf16: bool
 
 def token_logprobs(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, chunk: int = 1024, bf16: bool = False,
-    only: Tensor | None = None,
+    only: Tensor | None = None, packed: bool = False,
 ) -> Tensor:
     """log pi(token_t | tokens_<t) for every token: [B, T] float32, token-aligned.
 
@@ -117,10 +125,11 @@ def token_logprobs(
     at a time; with gradients on, each chunk is recomputed in backward (activation checkpointing),
     so the [N, vocab] logits never exist at once. Assumes logits =
     ``model.get_output_embeddings()(last_hidden_state)`` (true for Llama, Qwen, Mistral, SmolLM;
-    models with logit soft-capping or scaling need their own head function).
+    models with logit soft-capping or scaling need their own head function). ``packed``: the trunk
+    runs on the rows laid end to end (:func:`sao.rl.packing.packed_hidden`), same values.
     """
     with _autocast(input_ids.device, bf16):
-        hidden = backbone_of(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = trunk_hidden(backbone_of(model), input_ids, attention_mask, packed)
     head_fn = partial(_chunk_logprobs, model.get_output_embeddings(), bf16=bf16)
     want = attention_mask.bool() if only is None else only.bool() & attention_mask.bool()
     want = torch.cat([torch.zeros_like(want[:, :1]), want[:, 1:]], dim=1)  # token 0 has no prefix
@@ -192,6 +201,10 @@ class Learner:
         self.dp = data_parallel
         self._stream: _PartialStep | None = None  # a policy step being accumulated part by part
         self.device = next(policy.parameters()).device
+        if cfg.pack and not packing_is_exact(backbone_of(policy), policy.config.vocab_size):
+            log.warning("%s gives different hidden states for packed and padded rows; the learner pads "
+                        "its micro-batches instead (slower)", type(policy).__name__)
+            self.config = cfg = replace(cfg, pack=False)
         self.policy_optimizer = policy_optimizer or adamw(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.policy_scheduler = torch.optim.lr_scheduler.LambdaLR(self.policy_optimizer, cfg.lr_schedule.factor)
         self.value_optimizer = self.value_scheduler = None
@@ -256,9 +269,9 @@ class Learner:
         batch = batch.to(self.device)
         local = self._local(batch)
         values, last = [], []
-        for mb in micro_batches(local, cfg.token_budget):
+        for mb in micro_batches(local, cfg.token_budget, packed=cfg.pack):
             with _autocast(self.device, cfg.critic_autocast):
-                v, v_last = vm.token_values(mb.input_ids, mb.attention_mask)
+                v, v_last = vm.token_values(mb.input_ids, mb.attention_mask, cfg.pack)
             values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
             last.append(v_last.float())
         return self._gather(values, last, batch)
@@ -289,9 +302,9 @@ class Learner:
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         seen_values, seen_last = [], []
         local = self._local(batch)
-        for mb in micro_batches(local, cfg.token_budget):
+        for mb in micro_batches(local, cfg.token_budget, packed=cfg.pack):
             with _autocast(self.device, cfg.critic_autocast):
-                values, last = vm.token_values(mb.input_ids, mb.attention_mask)
+                values, last = vm.token_values(mb.input_ids, mb.attention_mask, cfg.pack)
             values, last = values.float(), last.float()
             if targets is not None:
                 mb = targets(mb, values.detach(), last.detach())
@@ -379,9 +392,9 @@ class Learner:
         per-token-weighted metrics added to ``sums``. Returns (summed loss, micro-batches)."""
         cfg = self.config
         loss_total, n_mb = 0.0, 0
-        for mb in micro_batches(batch, cfg.token_budget):
+        for mb in micro_batches(batch, cfg.token_budget, packed=cfg.pack):
             logp = token_logprobs(self.policy, mb.input_ids, mb.attention_mask, chunk=cfg.logprob_chunk, bf16=cfg.bf16,
-                                  only=mb.action_mask)
+                                  only=mb.action_mask, packed=cfg.pack)
             loss, m = loss_fn(logp, mb, agg=cfg.agg, normalizer=norm)
             loss.backward()
             loss_total += loss.item()

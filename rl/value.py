@@ -17,6 +17,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from sao.rl.packing import trunk_hidden
+
 _ATTENTION_NAMES = ("self_attn", "attn", "attention", "cross_attn")
 
 
@@ -79,13 +81,14 @@ class ValueModel(nn.Module):
         value.head.to(next(trunk.parameters()).device)
         return value
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> Tensor:
         """values [B, T] float32: ``values[:, t] = V(tokens[:t + 1])``, the head on position t's hidden
-        state (the state AFTER token t). For values aligned with action tokens use :meth:`token_values`."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        state (the state AFTER token t). For values aligned with action tokens use :meth:`token_values`.
+        ``packed``: the backbone runs on the rows laid end to end (:mod:`sao.rl.packing`)."""
+        hidden = trunk_hidden(self.backbone, input_ids, attention_mask, packed)
         return self.head(hidden.float()).squeeze(-1)
 
-    def token_values(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def token_values(self, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> tuple[Tensor, Tensor]:
         """Token-aligned values and the final-state value, for GAE.
 
         Returns (values [B, T], last [B]): ``values[:, t] = V(tokens[:t])``, the state in which token t
@@ -93,7 +96,7 @@ class ValueModel(nn.Module):
         ``last[b] = V(all of row b's tokens)``, the state after its final real token (the bootstrap of
         a truncated episode).
         """
-        v = self(input_ids, attention_mask)
+        v = self(input_ids, attention_mask, packed)
         shifted = torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
         last_index = (attention_mask.sum(-1) - 1).clamp(min=0)
         return shifted, v.gather(1, last_index[:, None]).squeeze(1)
