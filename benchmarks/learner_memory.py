@@ -35,17 +35,18 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from learner_bench import build, compose, synthetic_batch
-    from sao.rl.memory import LearnerThread, configure_allocator, release, rss_gb
+    from sao.rl.memory import configure_allocator, release, rss_gb
     from sao.rl.sync import save_checkpoint
+    from sao.rl.torch_thread import TorchThread, pin_caller
 
     if args.variant == "tuned":
         configure_allocator()
     cfg = compose([f"algo={args.algo}", f"batch_size={args.batch}", *args.set])
-    algo, learner = build(cfg)
+    thread, rows = TorchThread(pin_caller()), []  # as sao-train: every torch call on one thread
+    algo, learner = thread.call(build, cfg)
     scratch = tempfile.TemporaryDirectory(prefix="sao-mem-")  # removed at exit: 0.5-1.3 GB of weights
     weights = Path(scratch.name)
     dtype = getattr(torch, cfg.model.engine_dtype)
-    thread, rows = LearnerThread(), []
 
     async def run() -> None:
         for step in range(1, args.steps + 1):

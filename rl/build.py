@@ -36,11 +36,12 @@ from sao.rl.config import (
 from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.precision import resolve_bf16
-from sao.rl.memory import LearnerThread, configure_allocator
+from sao.rl.memory import configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.sources import RolloutSource, SyncRollout
 from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
+from sao.rl.torch_thread import TorchThread, pin_caller
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
 from sao.rl.value import ValueModel
 
@@ -172,28 +173,28 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_p
     return Learner(policy, config, value_model=value, data_parallel=data_parallel)
 
 
-async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink]) -> dict[str, Any]:
+async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], thread: TorchThread) -> dict[str, Any]:
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
     env_name = resolve(cfg.env.name).name
     tasks = ScheduledTaskStream(env_name, env_kwargs(cfg), cfg.seed, cfg.schedule)
-    model_path = await asyncio.to_thread(ensure_model, cfg.model.name)
-    torch.manual_seed(cfg.seed)
+    model_path = await thread.run(ensure_model, cfg.model.name)
+    await thread.run(torch.manual_seed, cfg.seed)
     with contextlib.ExitStack() as ranks_stack:
         if cfg.learner.world_size == 1:
-            learner = make_learner(cfg, model_path, algo.uses_critic)
+            learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic)
         else:  # data-parallel: this process is rank 0 (sao.rl.dp_launch)
             from sao.rl.dp_launch import LearnerRanks
 
             ranks = ranks_stack.enter_context(LearnerRanks(cfg, model_path))
-            learner = make_learner(cfg, model_path, algo.uses_critic, data_parallel=ranks.data_parallel(),
-                                   device=ranks.device)
-            algo = ranks.lead(algo, learner)
-        return await _train(cfg, run_dir, sinks, algo, learner, model_path, tasks, env_name)
+            learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic,
+                                       data_parallel=ranks.data_parallel(), device=ranks.device)
+            algo = await thread.run(ranks.lead, algo, learner)
+        return await _train(cfg, run_dir, sinks, algo, learner, model_path, tasks, env_name, thread)
 
 
 async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo: Any, learner: Learner,
-                 model_path: str, tasks: Any, env_name: str) -> dict[str, Any]:
+                 model_path: str, tasks: Any, env_name: str, thread: TorchThread) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -205,8 +206,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
     n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
     # managed engines start from an untied copy of the policy, so that every sync moves their LM head
     # too (sao.rl.sync module doc); external ones must have been started from such a copy
-    engine_model = str(export_engine_model(learner.policy, Path(model_path), RunFiles(run_dir).root / "engine_model",
-                                           dtype=getattr(torch, cfg.model.engine_dtype)))
+    engine_model = str(await thread.run(export_engine_model, learner.policy, Path(model_path),
+                                        RunFiles(run_dir).root / "engine_model", dtype=getattr(torch, cfg.model.engine_dtype)))
     with _engines(cfg, engine_model, run_dir, n) as (engines, served):
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
@@ -229,14 +230,15 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                                           seed=cfg.seed)
                 sync: Any = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
                                        keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
-                                       dtype=dtype)
+                                       dtype=dtype, offload=thread.run)
             else:
                 source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
-                sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype)
+                sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
+                                       offload=thread.run)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir),
-                              thread=LearnerThread())
+                              thread=thread)
             return await trainer.run()
 
 
@@ -312,4 +314,14 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
             latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()
             purge = int(json.loads((latest / "state.json").read_text())["step"]) + 1 if latest else None
         sinks.append(TensorBoardSink(RunFiles(run_dir).tensorboard, purge_step=purge))
-    return asyncio.run(_run(cfg, run_dir, sinks))
+    # every torch call of the run on one thread, and this one on a single intra-op thread from here on
+    # (sao.rl.torch_thread: a second OpenMP team would slow every kernel); put back at the end
+    from sao.rl.dp_launch import rank_threads
+
+    threads = pin_caller()
+    thread = TorchThread(rank_threads(cfg, threads))
+    try:
+        return asyncio.run(_run(cfg, run_dir, sinks, thread))
+    finally:
+        thread.close()
+        torch.set_num_threads(threads)

@@ -62,8 +62,16 @@ def plan(cfg: TrainConfig) -> RankPlan:
     if backend == "nccl" and (not cuda or torch.cuda.device_count() < n):
         raise ConfigError(f"learner.backend=nccl needs a GPU a rank: {n} ranks, "
                           f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s)")
-    threads = cfg.learner.threads or max(1, (os.cpu_count() or 1) // n)
-    return RankPlan(n, backend, f"tcp://127.0.0.1:{_free_port()}", threads)
+    return RankPlan(n, backend, f"tcp://127.0.0.1:{_free_port()}", rank_threads(cfg, os.cpu_count() or 1))
+
+
+def rank_threads(cfg: TrainConfig, default: int) -> int:
+    """Torch threads of each learner rank: ``learner.threads``, else ``default`` (one rank) or the
+    cores shared among the ranks."""
+    if cfg.learner.threads:
+        return cfg.learner.threads
+    n = cfg.learner.world_size
+    return default if n == 1 else max(1, (os.cpu_count() or 1) // n)
 
 
 def _init(p: RankPlan, rank: int) -> Channel:
@@ -113,7 +121,7 @@ class LearnerRanks:
                                name=f"sao-learner-rank{rank}")
             proc.start()
             self.processes.append(proc)
-        torch.set_num_threads(p.threads)
+        # rank 0's own torch work runs on the run's TorchThread, which has p.threads (sao.rl.build)
         if p.backend == "nccl":
             torch.cuda.set_device(0)
         self.channel = _init(p, 0)

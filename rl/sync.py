@@ -43,7 +43,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ from sao.rl.lora import engine_view, has_lora, merged_state_dict, unwrap
 from sao.rl.weight_load import load_weights
 
 log = logging.getLogger(__name__)
+
+# runs torch work off the event loop: ``await offload(fn, *args, **kwargs)`` (asyncio.to_thread's shape)
+Offload = Callable[..., Awaitable[Any]]
 
 WEIGHTS_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
@@ -277,6 +280,8 @@ class WeightSync:
 
     ``root`` must be readable by the engine at the same path (same machine, or a shared mount).
     ``model_name`` is the served model name (for the probe's ``/v1/completions`` request).
+    ``offload(fn, *args, **kwargs)`` runs the torch work (the save, the probes) off the event loop:
+    the run's :class:`sao.rl.torch_thread.TorchThread` (its ``run``), or by default a worker thread.
     """
 
     def __init__(
@@ -291,9 +296,11 @@ class WeightSync:
         dtype: torch.dtype = torch.bfloat16,
         pause_mode: PauseMode = "keep",
         reload_timeout_s: float | None = 300.0,
+        offload: Offload = asyncio.to_thread,
     ):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, not {keep}")
+        self.offload = offload
         self.engine = engine
         self.root = Path(root).resolve()
         self.model_name = model_name
@@ -322,10 +329,10 @@ class WeightSync:
         metrics: dict[str, float] = {}
         started = time.perf_counter()
         previous = [p for v, p in list_versions(self.root) if v < version]
-        folder = await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep + 1, dtype=self.dtype)
+        folder = await self.offload(save_checkpoint, model, self.root, version, keep=self.keep + 1, dtype=self.dtype)
         metrics["perf/save_s"] = time.perf_counter() - started
         if probe and previous:  # what this sync changes in the engine, and what rounding keeps from it
-            metrics |= await asyncio.to_thread(weight_change, model, previous[-1], folder)
+            metrics |= await self.offload(weight_change, model, previous[-1], folder)
         prune_versions(self.root, keep=self.keep, protect=version)
 
         paused_at = time.perf_counter()
@@ -350,8 +357,8 @@ class WeightSync:
         if probe:
             probe_at = time.perf_counter()
             engine_lp = await self.engine_logprobs()
-            learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype)
-            full_lp = learner_lp if self._serves_master(model) else await asyncio.to_thread(self.learner_logprobs, model)
+            learner_lp = await self.offload(self.learner_logprobs, model, round_to=self.dtype)
+            full_lp = learner_lp if self._serves_master(model) else await self.offload(self.learner_logprobs, model)
             gaps = [abs(a - b) for a, b in zip(engine_lp, learner_lp, strict=True)]
             metrics["sync/probe_gap"] = sum(gaps) / len(gaps)
             metrics["sync/probe_gap_max"] = max(gaps)
@@ -378,8 +385,8 @@ class WeightSync:
         for trajectory in recent:
             ids = list(trajectory.token_ids)
             engine_lp = await self.engine_logprobs(ids)
-            learner_lp = await asyncio.to_thread(self.learner_logprobs, model, round_to=self.dtype, ids=ids)
-            full_lp = learner_lp if self._serves_master(model) else await asyncio.to_thread(
+            learner_lp = await self.offload(self.learner_logprobs, model, round_to=self.dtype, ids=ids)
+            full_lp = learner_lp if self._serves_master(model) else await self.offload(
                 self.learner_logprobs, model, ids=ids)
             for e, lr, f, a in zip(engine_lp, learner_lp, full_lp, trajectory.action_mask[1:], strict=True):
                 if a:
@@ -447,15 +454,16 @@ class WeightPublisher:
     version's checkpoint under ``root`` and return; the orchestrator decides when each replica loads it
     (:class:`sao.rl.orchestrated.OrchestratedRollout`). Same call as :class:`WeightSync`."""
 
-    def __init__(self, root: Path, *, keep: int = 6, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, root: Path, *, keep: int = 6, dtype: torch.dtype = torch.bfloat16,
+                 offload: Offload = asyncio.to_thread):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, not {keep}")
-        self.root, self.keep, self.dtype = Path(root).resolve(), keep, dtype
+        self.root, self.keep, self.dtype, self.offload = Path(root).resolve(), keep, dtype, offload
 
     async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
                    recent: Sequence[Any] = ()) -> dict[str, float]:
         started = time.perf_counter()
-        await asyncio.to_thread(save_checkpoint, model, self.root, version, keep=self.keep, dtype=self.dtype)
+        await self.offload(save_checkpoint, model, self.root, version, keep=self.keep, dtype=self.dtype)
         save_s = time.perf_counter() - started
         return {"perf/save_s": save_s, "perf/sync_s": save_s, "learner/version": float(version)}
 

@@ -39,7 +39,7 @@ from sao.rl.checkpoint import Checkpointer, TrainState
 from sao.rl.config import TrainConfig
 from sao.rl.heldout import HeldOutEval, improvement
 from sao.rl.learner import Learner
-from sao.rl.memory import LearnerThread, release, rss_gb
+from sao.rl.memory import release, rss_gb
 from sao.rl.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
 from sao.rl.batch import Batch
 from sao.rl.sources import (
@@ -50,6 +50,7 @@ from sao.rl.sources import (
     StreamingSource,
     rollout_meta,
 )
+from sao.rl.torch_thread import TorchThread
 from sao.rl.trainable import failure
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class Trainer:
         sinks: list[MetricsSink] | None = None,
         tasks: Any = None,
         heldout: HeldOutEval | None = None,
-        thread: LearnerThread | None = None,
+        thread: TorchThread | None = None,
     ):
         self.cfg, self.files = cfg, RunFiles(Path(run_dir))
         self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
@@ -133,7 +134,7 @@ class Trainer:
         self.tasks = tasks  # a ScheduledTaskStream the source draws from (online learning), or None
         self.extra_sinks = list(sinks or [])
         self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
-        self.thread = thread or LearnerThread()  # every torch call of the learner runs on this one thread
+        self.thread = thread or TorchThread()  # every torch call of the run happens on this one thread
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
         self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
@@ -177,7 +178,7 @@ class Trainer:
 
     async def run(self) -> dict[str, Any]:
         cfg, files = self.cfg, self.files
-        state = self.prepare()
+        state = await self.thread.run(self.prepare)  # a resume loads the learner's tensors
         sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
         self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
@@ -199,7 +200,7 @@ class Trainer:
                     last |= self._improvement()
                 sink.log(step, last)
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-                    self._save(step)
+                    await self.thread.run(self._save, step)
         finally:
             if isinstance(self.source, ScheduledSource):
                 await self.source.aclose()
@@ -257,7 +258,7 @@ class Trainer:
                 sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, **self._observe(0, rollout.trajectories),
                              "perf/step_s": time.monotonic() - t0})
             log.info("critic pretraining %d/%d: value mse %.4f", n, cfg.value_pretrain_steps, metrics.get("value/mse", math.nan))
-        self._save(self.state.step)
+        await self.thread.run(self._save, self.state.step)
 
     async def _step(self, step: int) -> dict[str, Any]:
         cfg, learner = self.cfg, self.learner
