@@ -1,5 +1,5 @@
-"""The learner process's memory: glibc's allocator set up for a long training run, one learner
-thread, and RSS readings for the metrics.
+"""The learner process's memory: glibc's allocator set up for a long training run, and RSS
+readings for the metrics.
 
 Why (measured on the default run, 2 cores, issue 13): the policy update ran in
 ``asyncio.to_thread`` workers, a different pool thread from one step to the next. glibc gives each
@@ -10,11 +10,18 @@ first policy step to 17.4 GB at the third, and the run was OOM-killed. Three fix
 
 - :func:`configure_allocator` caps the arenas (``M_ARENA_MAX``, as ``MALLOC_ARENA_MAX=2`` would)
   and sets the trim threshold; it runs at the start of every entry point, so no variable has to be
-  set in the shell. (Pinning the mmap threshold low as well, so that every tensor of a megabyte or
-  more is unmapped when freed, cost 57% more time per update in ``benchmarks/learner_memory.py``:
-  each allocation then page-faults fresh zeroed memory.);
-- :class:`LearnerThread` runs every torch call of the learner on one dedicated thread (one arena,
-  one OpenMP thread team), instead of whichever pool thread is free;
+  set in the shell. It sets the mmap threshold too, because glibc stops adjusting that one as soon
+  as the trim threshold is set: called before torch is imported, as the entry points do, it froze
+  the threshold at glibc's initial 128 KiB, so every activation tensor was a fresh ``mmap`` that
+  page-faults its zeroed pages in and is unmapped when freed. Measured in the default run (2 cores,
+  3 SAO updates of 845-1,184 tokens): 17.9 / 22.7 / 24.8 s per update with 40% of the CPU time in
+  the kernel (425,000 page faults a second), against 10.7 / 13.3 / 14.9 s with a 1 MiB threshold
+  (:data:`MMAP_THRESHOLD`) and 10.7 / 12.8 / 14.2 s with glibc's untouched defaults, which however
+  peaked at 6.17 GB against 5.80 GB (issue 13 budget: 6). Tensors of 1 MiB and more (the MLP's
+  intermediates, the LM head's logits, gradients, weights) still come from ``mmap`` and go back when
+  freed; the many smaller ones are reused from the heap;
+- :class:`sao.rl.torch_thread.TorchThread` runs every torch call of the trainer on one dedicated
+  thread (one arena, one OpenMP thread team), instead of whichever pool thread is free;
 - :func:`release` returns freed heap to the system after each step (``malloc_trim``).
 
 And one outside glibc: oneDNN (the CPU kernels behind bf16 matmuls, as in the value model's
@@ -29,27 +36,24 @@ read by oneDNN when it first builds a primitive), unless the variable is already
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import functools
 import logging
 import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # mallopt parameters (glibc malloc.h)
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 ARENA_MAX = 2
 TRIM_THRESHOLD = 64 << 20  # free heap above this at the top of an arena goes back to the system
+MMAP_THRESHOLD = 1 << 20  # allocations from this size on are mmapped (and unmapped when freed)
 ONEDNN_CACHE_CAPACITY = 64  # compiled oneDNN primitives kept (oneDNN's default: 1024; module doc)
 
 
@@ -69,14 +73,14 @@ def _libc() -> Any | None:
 
 @functools.cache
 def configure_allocator() -> bool:
-    """Set glibc's arena cap and trim threshold for this process, and cap oneDNN's primitive cache
+    """Set glibc's arena cap, trim and mmap thresholds for this process, and cap oneDNN's primitive cache
     (module doc). Idempotent; False where the C library is not glibc (the oneDNN cap still applies)."""
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     libc = _libc()
     if libc is None:
         return False
     ok = all(libc.mallopt(param, value) == 1 for param, value in (
-        (_M_ARENA_MAX, ARENA_MAX), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)))
+        (_M_ARENA_MAX, ARENA_MAX), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD)))
     if not ok:
         log.warning("glibc refused a mallopt setting; the learner's memory may grow across steps")
     return ok
@@ -102,17 +106,3 @@ def rss_gb(pid: int | str = "self") -> tuple[float, float]:
         if key in ("VmRSS", "VmHWM"):
             fields[key] = int(value.split()[0]) * 1024 / 1e9
     return fields.get("VmRSS", float("nan")), fields.get("VmHWM", float("nan"))
-
-
-class LearnerThread:
-    """One dedicated worker thread for the learner's torch work (module doc)."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sao-learner")
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
