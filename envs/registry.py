@@ -111,6 +111,11 @@ def entries() -> dict[str, EnvEntry]:
     return dict(_load().entries)
 
 
+def broken() -> dict[str, str]:
+    """The plug-ins that failed to load, by entry-point name, with why (they are not in :func:`entries`)."""
+    return dict(_load().broken)
+
+
 def resolve(name: str) -> EnvEntry:
     """Find an environment by short name or Gymnasium id."""
     catalog = _load()

@@ -4,10 +4,13 @@
     sao-train algo=grpo batch_size=16 algo.group_size=4
     sao-train -m algo=sao,grpo seed=1,2 output_dir=runs/sweep     # one folder per run: algo=sao,seed=1/ ...
     sao-train max_steps=40 output_dir=runs/demo resume=true       # continue from the last checkpoint
+    sao-train env=reverse-word max_steps=2                        # any registered env, plug-ins included
 
 Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``)
-over the schema :class:`sao.rl.config.TrainConfig`. The run folder is ``output_dir`` (single run) or
-``output_dir/<overrides>`` (multirun); Hydra's own files go to its ``.hydra/``.
+over the schema :class:`sao.rl.config.TrainConfig`; the ``env`` group holds every registered
+environment, plug-ins included, and an unknown ``env=`` name exits 2 with a suggestion
+(:mod:`sao.rl.env_group`). The run folder is ``output_dir`` (single run) or ``output_dir/<overrides>``
+(multirun); Hydra's own files go to its ``.hydra/``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from sao.rl import env_group
 from sao.rl.config import ConfigError, TrainConfig, resolve_defaults
 
 log = logging.getLogger("sao.train")
@@ -82,6 +86,12 @@ def main() -> None:
     from sao.rl.memory import configure_allocator
 
     configure_allocator()  # glibc's arenas and thresholds, before anything allocates (sao.rl.memory)
+    try:
+        sys.argv[1:] = env_group.rewrite_overrides(sys.argv[1:])  # before Hydra reads them
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    env_group.register_options()  # env=NAME for registered environments without a conf/env/NAME.yaml
     _main()
 
 
