@@ -12,14 +12,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from .errors import EngineError
 from .probe import probe_mode
 from .speculative import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from .engine import VLLMServer
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ class Endpoint:
     api_key: str | None = None
     managed: bool = False
     mode: str = "tokens"  # "tokens" | "chat" (resolved; never "auto")
+    server: VLLMServer | None = field(default=None, compare=False, repr=False)  # the managed one, to watch
 
 
 @contextlib.contextmanager
@@ -84,7 +89,7 @@ def open_endpoint(
     config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
                               log_path=log_path, startup_timeout_s=startup_timeout_s, speculative=speculative)
     with VLLMServer(config) as server:
-        yield Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True)
+        yield Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True, server=server)
 
 
 def _tokenizer_source(name: str) -> str:

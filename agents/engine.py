@@ -6,6 +6,9 @@ turns on the RL endpoints, and waits for ``GET /health``. It leaves no process b
 
 * the server runs in its own session (process group), and ``stop()`` sends SIGTERM to the whole
   group, waits, then SIGKILLs what is left, including descendants that left the group;
+* if the server process itself dies (``kill -9``, a crash), its engine-core processes live on:
+  ``stop()`` (and ``restart()``) still end them, through the group and the process tree recorded
+  once the server was healthy (:mod:`.engine_watch` restarts a server that died during an evaluation);
 * ``stop()`` runs on ``__exit__`` (so also on Ctrl-C), at interpreter exit (``atexit``), and on
   SIGTERM: while a server runs, SIGTERM in the main thread raises ``SystemExit`` (only if SIGTERM
   had its default action), which unwinds ``with`` blocks and runs ``atexit``;
@@ -30,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -126,6 +129,7 @@ class VLLMServer:
         self._log_path: Path | None = None
         self._lock = threading.RLock()
         self._guarding_sigterm = False
+        self._tree: list[Any] = []  # the server's descendants once healthy: stop() finds them after its death
         self._closed = False  # left its ``with`` block: no (re)start may bring it back
 
     # ------------------------------------------------------------------ what callers read
@@ -188,14 +192,16 @@ class VLLMServer:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
             cmd = cfg.command(self._port)
             log.info("starting vLLM on port %d (log: %s): %s", self._port, self._log_path, " ".join(cmd))
-            self._proc = _spawn_tied_to_thread(cmd, cfg.environment(), self._log_path, name=f"vllm-{self._port}")
+            proc = self._proc = _spawn_tied_to_thread(cmd, cfg.environment(), self._log_path,
+                                                      name=f"vllm-{self._port}")
             atexit.register(self.stop)
             _SIGTERM_GUARD.acquire()
             self._guarding_sigterm = True
         try:
             started = time.monotonic()
-            self._wait_healthy()
-            log.info("vLLM healthy at %s after %.1f s (pid %d)", self.base_url, time.monotonic() - started, self.pid)
+            self._wait_healthy(proc)
+            self._tree = _descendants(proc.pid)
+            log.info("vLLM healthy at %s after %.1f s (pid %d)", self.base_url, time.monotonic() - started, proc.pid)
         except BaseException:
             self.stop()
             raise
@@ -208,9 +214,10 @@ class VLLMServer:
             if proc is None:
                 return
             try:
-                _terminate_tree(proc, grace_s=self.config.stop_timeout_s)
+                _terminate_tree(proc, grace_s=self.config.stop_timeout_s, known=self._tree)
             finally:
                 self._proc = None
+                self._tree = []
                 atexit.unregister(self.stop)
                 if self._guarding_sigterm:
                     _SIGTERM_GUARD.release()
@@ -238,13 +245,12 @@ class VLLMServer:
         except OSError:
             return ""
 
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
+    def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
         timeout = self.config.startup_timeout_s
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=5.0, trust_env=False) as http:
             while True:
-                code = self._proc.poll()
+                code = proc.poll()  # this start's process: a stop() from another thread ends the wait
                 if code is not None:
                     raise self._start_error(f"vLLM server exited with code {code} during start-up")
                 try:
@@ -437,10 +443,11 @@ def _spawn_tied_to_thread(cmd: list[str], env: dict[str, str], log_path: Path, *
     return result["proc"]
 
 
-def _terminate_tree(proc: subprocess.Popen[bytes], *, grace_s: float) -> None:
-    """SIGTERM the server's process group, wait, SIGKILL what remains (group and descendants)."""
+def _terminate_tree(proc: subprocess.Popen[bytes], *, grace_s: float, known: Sequence[Any] = ()) -> None:
+    """SIGTERM the server's process group, wait, SIGKILL what remains (group and descendants).
+    ``known``: descendants recorded earlier; a dead server's children are no longer its children."""
     pgid = proc.pid  # start_new_session: the server leads its own group
-    descendants = _descendants(proc.pid)
+    descendants = list({p.pid: p for p in [*known, *_descendants(proc.pid)]}.values())
     _signal_group(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
@@ -490,7 +497,7 @@ def _kill_survivors(procs: list[Any], *, grace_s: float) -> None:
         return
     import psutil
 
-    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in procs if _running(p)]
     if not alive:
         return
     for p in alive:
@@ -506,6 +513,16 @@ def _kill_survivors(procs: list[Any], *, grace_s: float) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5)
+
+
+def _running(p: Any) -> bool:
+    """Whether a psutil process is the one recorded (not a reused pid) and not a zombie."""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class _SigtermGuard:

@@ -107,6 +107,39 @@ def test_health_is_false_and_calls_fail_when_nothing_listens() -> None:
     assert healthy is False and err.status_code is None
 
 
+_FAMILY = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    subprocess.Popen(sleep)  # stays in the group, like vLLM's EngineCore
+    subprocess.Popen(sleep, start_new_session=True)  # leaves it
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_stop_after_the_servers_own_death_still_ends_its_children() -> None:
+    # A SIGKILLed API server leaves vLLM's EngineCore running (issue 14: about 2 minutes). The tree recorded
+    # while the server lived lets stop() end them all, the one that left the process group too.
+    from sao.agents import engine
+
+    proc = subprocess.Popen([sys.executable, "-c", _FAMILY], start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    children = engine._descendants(proc.pid)
+    try:
+        assert len(children) == 2
+        proc.kill()  # the server dies; its children are no longer its children
+        proc.wait(timeout=10)
+        assert engine._descendants(proc.pid) == [] and all(engine._running(p) for p in children)
+        engine._terminate_tree(proc, grace_s=5.0, known=children)
+        assert not any(engine._running(p) for p in children)
+    finally:
+        for p in children:
+            if engine._running(p):
+                p.kill()
+
+
 @pytest.mark.vllm
 def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
     require_vllm_installed()

@@ -1,0 +1,221 @@
+"""The engine watch of ``sao-eval`` (issue 14): a managed engine that dies mid-run is restarted, and the
+episodes it cut run again, once each in the results. Fast: a fake engine over the scripted server,
+whose ``kill()`` is the engine's process dying (the real vLLM: ``tests/test_eval_engine_restart.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+import sao.envs as E
+from sao.agents import Trajectory
+from sao.agents.endpoint import Endpoint
+from sao.agents.engine_watch import EngineRestartsExhausted, EngineWatch, WatchConfig, rerun_on_death
+from sao.agents.fake_server import FakeServer, Reply
+from sao.agents.records import ENV_ERROR, INFRA_ERROR
+from sao.agents.store import TrajectoryWriter, read_trajectories
+from sao.evals.runner import EvalConfig, run_pairs, summarize
+
+_QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")
+
+
+class FakeEngine:
+    """A managed engine over a :class:`FakeServer`: it is running until the server is killed;
+    ``restart`` brings the server back on its port (``fail`` of them raise first), ``stop`` is counted."""
+
+    def __init__(self, server: FakeServer, *, fail: int = 0):
+        self.server, self.fail = server, fail
+        self.restarts = self.stops = 0
+
+    @property
+    def running(self) -> bool:
+        return not self.server.dead
+
+    def restart(self) -> None:
+        self.restarts += 1
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("scripted start failure")
+        self.server.restart()
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+def solver(request: dict, prompt: str) -> Reply:
+    a, op, b = _QUESTION.search(prompt).groups()  # type: ignore[union-attr]
+    value = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b), "/": int(a) // int(b or 1)}[op]
+    return Reply(text=f"\\boxed{{{value}}}", delay_s=0.3)
+
+
+def kill_at(request_number: int, engine: FakeEngine):
+    """A responder that answers right, slowly, and kills the engine when request ``request_number`` arrives."""
+    seen = {"n": 0}
+    lock = threading.Lock()
+
+    def respond(request: dict, prompt: str) -> Reply:
+        with lock:
+            seen["n"] += 1
+            if seen["n"] == request_number:
+                threading.Thread(target=engine.server.kill).start()
+        return solver(request, prompt)
+
+    return respond
+
+
+def run_eval(tmp_path: Path, engine: FakeEngine, *, max_restarts: int = 3, tasks: int = 4, samples: int = 2):
+    cfg = EvalConfig(benchmark="arithmetic", output=tmp_path, base_url=engine.server.base_url, model="fake",
+                     endpoint_mode="chat", limit=tasks, samples=samples, concurrency=4, max_tokens=64, max_turns=2,
+                     timeout_s=10.0, max_restarts=max_restarts)
+    endpoint = Endpoint(engine.server.base_url, "fake", None, 4096, mode="chat", managed=True, server=engine)
+    env = E.make("arithmetic")
+    ids = env.unwrapped.task_ids(tasks)
+    env.close()
+    pairs = [(i, t, s) for i, t in enumerate(ids) for s in range(samples)]
+    with TrajectoryWriter(tmp_path / "trajectories.jsonl") as writer:
+        asyncio.run(run_pairs(cfg, endpoint, {}, pairs, writer))
+    return cfg, ids
+
+
+def test_a_death_mid_run_restarts_the_engine_and_reruns_the_cut_episodes_once_each(tmp_path):
+    with FakeServer() as server:
+        engine = FakeEngine(server)
+        server.responder = kill_at(3, engine)  # 4 in flight, answers take 0.3 s: the death cuts several
+        cfg, ids = run_eval(tmp_path, engine)
+    trajectories = read_trajectories(tmp_path / "trajectories.jsonl")
+    pairs = [(t.task_id, t.sample) for t in trajectories]
+    assert len(pairs) == 8 and len(set(pairs)) == 8  # nothing lost, nothing twice
+    assert all(t.status == "ok" and t.correct for t in trajectories)  # no cut attempt was recorded
+    assert engine.restarts == 1 and len(server.requests) > 8  # the cut episodes asked again
+    summary, results = summarize(cfg, ids, wall_s=1.0)
+    assert summary["n_episodes"] == 8 and summary["n_failed"] == 0 and summary["pass@1"] == 1.0
+    assert all(row["correct"] == [True, True] for row in results)
+
+
+def test_restarts_used_up_end_the_run_and_keep_the_finished_episodes(tmp_path):
+    with FakeServer() as server:
+        engine = FakeEngine(server, fail=5)
+        server.responder = kill_at(8, engine)  # asked once the first 4 are written; the death cuts 8 at least
+        with pytest.raises(EngineRestartsExhausted, match="died 1 time.*2 restart"):
+            run_eval(tmp_path, engine, max_restarts=2)
+    assert engine.restarts == 2 and engine.stops == 1  # what was left of it is stopped
+    finished = read_trajectories(tmp_path / "trajectories.jsonl")
+    assert 4 <= len(finished) < 8 and all(t.status == "ok" for t in finished)  # a resumed run plays the rest
+
+
+def trajectory(status: str = "ok", failure: str | None = None) -> Trajectory:
+    return Trajectory("e", "arithmetic", "t", 0, None, (), (), (), (), (), 0.0, status == "ok", False, status,
+                      error=None if status == "ok" else "boom", mode="text", failure=failure)
+
+
+class Process:
+    """A bare managed engine: a flag for its process, restarts that succeed at once (unless ``broken``)."""
+
+    def __init__(self, *, broken: bool = False) -> None:
+        self.running, self.broken, self.restarts, self.stops = True, broken, 0, 0
+
+    def restart(self) -> None:
+        self.restarts += 1
+        if self.broken:
+            raise RuntimeError("it does not start")
+        self.running = True
+
+    def stop(self) -> None:
+        self.running = False
+        self.stops += 1
+
+
+def test_once_the_restarts_are_used_up_the_watch_declares_no_more_deaths():
+    engine = Process(broken=True)
+
+    async def go() -> EngineWatch:
+        async with EngineWatch(engine, WatchConfig(interval_s=0.01, max_restarts=1)) as watch:
+            engine.running = False
+            with pytest.raises(EngineRestartsExhausted, match="died 1 time"):
+                await _ready_after_death(watch)
+            await asyncio.sleep(0.2)  # many polls of an engine still not running
+            return watch
+
+    watch = asyncio.run(go())
+    assert (watch.deaths, watch.restarts, engine.restarts, engine.stops) == (1, 1, 1, 1)
+
+
+async def _ready_after_death(watch: EngineWatch) -> int:
+    while watch.deaths == 0:
+        await asyncio.sleep(0.01)
+    return await watch.ready()
+
+
+def test_a_failed_attempt_makes_the_watch_look_at_once_and_it_runs_again():
+    # The poll is an hour away: only the at-once look after a failed attempt can see the death.
+    engine, attempts = Process(), []
+
+    async def attempt() -> Trajectory:
+        attempts.append(1)
+        if len(attempts) == 1:
+            engine.running = False  # the engine died under it: its requests failed
+            return trajectory("failed", INFRA_ERROR)
+        return trajectory()
+
+    async def go() -> Trajectory:
+        async with EngineWatch(engine, WatchConfig(interval_s=3600)) as watch:
+            t = await rerun_on_death(watch, attempt)
+            assert watch.generation == 1 and watch.restarts == 1
+            return t
+
+    assert asyncio.run(go()).status == "ok" and len(attempts) == 2 and engine.restarts == 1
+
+
+def test_failures_on_a_live_engine_are_results_not_reruns():
+    engine = Process()
+
+    async def go(result: Trajectory) -> Trajectory:
+        async with EngineWatch(engine, WatchConfig(interval_s=3600)) as watch:
+            async def attempt() -> Trajectory:
+                return result
+            return await rerun_on_death(watch, attempt)
+
+    assert asyncio.run(go(trajectory("failed", INFRA_ERROR))).status == "failed"  # the engine is alive: a result
+    assert asyncio.run(go(trajectory("failed", ENV_ERROR))).env_error
+    assert engine.restarts == 0
+
+
+def test_an_attempt_in_flight_is_cancelled_at_the_death_and_its_clean_up_runs():
+    engine, started, cleaned = Process(), [], []
+
+    async def attempt() -> Trajectory:
+        started.append(1)
+        if len(started) == 1:
+            try:
+                engine.running = False  # dies while this attempt waits for its answer
+                await asyncio.sleep(3600)
+            finally:
+                cleaned.append(1)  # its environment is closed
+        return trajectory()
+
+    async def go() -> Trajectory:
+        async with EngineWatch(engine, WatchConfig(interval_s=0.05)) as watch:
+            return await asyncio.wait_for(rerun_on_death(watch, attempt), 10)
+
+    assert asyncio.run(go()).status == "ok" and len(started) == 2 and cleaned == [1] and engine.restarts == 1
+
+
+def test_without_a_managed_engine_one_attempt_and_its_errors_pass_through():
+    async def boom() -> Trajectory:
+        raise KeyError("the caller's bug")
+
+    with pytest.raises(KeyError):
+        asyncio.run(rerun_on_death(None, boom))
+
+    async def watched_boom() -> Trajectory:
+        async with EngineWatch(Process()) as watch:
+            return await rerun_on_death(watch, boom)
+
+    with pytest.raises(KeyError):  # not a cut attempt: raised, not retried
+        asyncio.run(watched_boom())
+    with pytest.raises(ValueError, match="max_restarts"):
+        WatchConfig(max_restarts=-1)
