@@ -8,15 +8,20 @@
         prompt += completion tokens + bridge(obs)             # observation tokens
 
 Limits end an episode as *truncated* (``info["truncated_by"]`` says which): ``max_turns``, the
-trajectory's ``max_tokens`` budget, and the engine's context (``max_model_len``), including an
-engine that reports a context overflow. An engine failure after retries, or an exception from
-the environment, ends the episode as ``status="failed"`` with the cause; it never crashes the run
-and never loses the tokens sampled so far.
+trajectory's ``max_tokens`` budget (or ``max_tokens_per_turn``), and the engine's context
+(``max_model_len``), including an engine that reports a context overflow. A last answer cut by a
+token limit (``finish_reason == "length"``) still goes to the environment, which grades it, and
+the episode is recorded ``terminated=True`` (the environment ended it; its reward is final) and
+``truncated=True`` (a limit cut the answer), which Gymnasium allows together. The learner bootstraps
+only rows cut before the environment ended them (``truncated`` and not ``terminated``). An engine failure after
+retries, or an exception from the environment, ends the episode as ``status="failed"`` with the
+cause (``failure``: an ``env_error`` when the environment's own code raised or broke its return
+contract, else an ``infra_error``; see :mod:`.env_calls`); it never crashes the run and never
+loses the tokens sampled so far.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ import gymnasium as gym
 
 from .chat import ChatRenderer
 from .client import CompletionClient, SamplingParams
+from .env_calls import failure_of, reset_env, step_env
 from .errors import ContextOverflowError, EngineError
 from .records import Completion, Trajectory, TurnRecord, jsonable
 from .tools import assistant_message
@@ -92,17 +98,18 @@ async def run_episode(
     transcript: list[dict[str, Any]] = []  # what the env saw (assistant turns as parsed actions)
     reward, terminated, truncated = 0.0, False, False
     info: dict[str, Any] = {}
-    status, error, truncated_by = "ok", None, None
+    status, error, failure, truncated_by = "ok", None, None, None
     tools_offered = bool(getattr(env.unwrapped, "tools", ()))
     per_turn = cfg.max_tokens_per_turn or cfg.max_tokens
     generated = 0
     try:
-        obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task_id": task_id})
+        obs, info = await reset_env(env, seed=seed, options={"task_id": task_id})
         history += obs
         transcript += obs
         ep.observe(renderer.prompt(obs))
         for turn in range(cfg.max_turns):
-            room = min(per_turn, cfg.max_tokens - generated, cfg.max_model_len - len(ep.token_ids))
+            budget_left, context_left = cfg.max_tokens - generated, cfg.max_model_len - len(ep.token_ids)
+            room = min(per_turn, budget_left, context_left)
             if room <= 0:
                 truncated_by = "max_tokens" if generated >= cfg.max_tokens else "context"
                 break
@@ -120,20 +127,22 @@ async def run_episode(
             ep.act(completion)
             generated += len(completion.token_ids)
             action = assistant_message(completion.text, tools_offered=tools_offered, turn=turn)
-            obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            obs, r, terminated, truncated, info = await step_env(env, action)
             reward += r
             bridge_history = list(history)
             history += [{"role": "assistant", "content": completion.text}, *obs]
             transcript += [action, *obs]
             if terminated or truncated:
+                if terminated and completion.finish_reason == "length":  # graded, but a limit cut the answer
+                    truncated_by = length_cut(cfg, budget_left=budget_left, context_left=context_left)
                 break
             ep.observe(renderer.bridge(bridge_history, completion, obs))
         else:
             truncated_by = "max_turns"
     except EngineError as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
     except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
     info = final_info(info, status=status, error=error, truncated_by=truncated_by)
     return Trajectory(
         episode_id=episode_id or uuid.uuid4().hex,
@@ -153,7 +162,19 @@ async def run_episode(
         error=error,
         info=jsonable(info),
         wall_s=time.monotonic() - t0,
+        failure=failure,
     )
+
+
+def length_cut(cfg: LoopConfig, *, budget_left: int, context_left: int | None = None) -> str:
+    """The limit that cut a turn which ended at its ``max_tokens`` (``finish_reason == "length"``): the
+    smallest of the episode's budget left, the per-turn cap and the context left (the budget on a tie)."""
+    room = {"max_tokens": budget_left}
+    if cfg.max_tokens_per_turn is not None:
+        room["max_tokens_per_turn"] = cfg.max_tokens_per_turn
+    if context_left is not None:
+        room["context"] = context_left
+    return min(room, key=room.__getitem__)
 
 
 def final_info(info: dict[str, Any], *, status: str, error: str | None, truncated_by: str | None) -> dict[str, Any]:

@@ -22,6 +22,11 @@ from sao.envs import Message
 
 SCHEMA_VERSION = 1
 MODES = ("tokens", "text")
+# Why a failed episode failed (Trajectory.failure): the machinery (engine, container, OS; running it
+# again may succeed) or the environment's own code (it raised, or broke Gymnasium's return contract;
+# it would fail the same way again). See sao.agents.env_calls.
+INFRA_ERROR, ENV_ERROR = "infra_error", "env_error"
+FAILURES = (INFRA_ERROR, ENV_ERROR)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,9 @@ class Trajectory:
                  without token ids; the arrays are empty, see the module docstring). Records written
                  before the field existed read as "tokens".
     rollout:     a training rollout's metadata (:class:`RolloutMeta`); None outside training.
+    failure:     why a failed episode failed, one of :data:`FAILURES` ("infra_error" or "env_error");
+                 None for an "ok" one. A failed record written before the field existed reads as None
+                 and counts as an infrastructure error.
     """
 
     episode_id: str
@@ -156,6 +164,7 @@ class Trajectory:
     wall_s: float = 0.0
     mode: str = "tokens"
     rollout: RolloutMeta | None = None
+    failure: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -166,11 +175,19 @@ class Trajectory:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode == "text" and n:
             raise ValueError(f"a text-mode trajectory has no tokens, got {n}")
+        if self.failure is not None and (self.failure not in FAILURES or self.status == "ok"):
+            raise ValueError(f"failure must be None or, for a failed episode, one of {FAILURES}; got "
+                             f"{self.failure!r} with status {self.status!r}")
 
     @property
     def trainable(self) -> bool:
         """Whether a learner can use it: only token-mode trajectories carry the sampled tokens and log-probs."""
         return self.mode == "tokens"
+
+    @property
+    def env_error(self) -> bool:
+        """Whether it failed in the environment's own code (it would fail the same way again)."""
+        return self.status == "failed" and self.failure == ENV_ERROR
 
     @property
     def correct(self) -> bool:

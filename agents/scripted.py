@@ -16,22 +16,24 @@ import gymnasium as gym
 
 from sao.envs.capabilities import Policy, prediction_grader
 
+from .env_calls import call_env, failure_of, reset_env, step_env
 from .records import Trajectory, jsonable
 
 
 async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, task_id: str, sample: int = 0,
                                seed: int | None = None, max_turns: int = 50) -> Trajectory:
-    """Like :func:`~sao.agents.loop.run_episode`, with ``policy`` in place of the engine."""
+    """Like :func:`~sao.agents.loop.run_episode`, with ``policy`` (the environment's code too) in place
+    of the engine."""
     t0 = time.monotonic()
     transcript: list[dict[str, Any]] = []
-    reward, terminated, truncated, status, error = 0.0, False, False, "ok", None
+    reward, terminated, truncated, status, error, failure = 0.0, False, False, "ok", None, None
     info: dict[str, Any] = {}
     try:
-        obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task_id": task_id})
+        obs, info = await reset_env(env, seed=seed, options={"task_id": task_id})
         transcript += obs
         for _ in range(max_turns):
-            action = policy(obs, info)
-            obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            action = call_env("the scripted policy", policy, obs, info)
+            obs, r, terminated, truncated, info = await step_env(env, action)
             reward += r
             transcript += [action, *obs]
             if terminated or truncated:
@@ -40,7 +42,7 @@ async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, t
             truncated = True
             info = {**info, "truncated_by": "max_turns"}
     except Exception as exc:  # noqa: BLE001 - a failed episode is recorded, not raised
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
     if status == "failed" or not (terminated or truncated) or "correct" not in info:
         info = {"correct": False, "answer": None, **info, "error": error or info.get("error")}
     return Trajectory(
@@ -48,7 +50,7 @@ async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, t
         token_ids=(), action_mask=(), logprobs=(), turns=(), messages=tuple(transcript), reward=reward,
         terminated=terminated and status == "ok", truncated=truncated, status=status, error=error,
         info=jsonable(info),
-        wall_s=time.monotonic() - t0,
+        wall_s=time.monotonic() - t0, failure=failure,
     )
 
 

@@ -15,15 +15,15 @@ Hermes ``<tool_call>`` text is parsed as in the token loop.
 The ``max_tokens`` budget is counted from the API's ``usage.completion_tokens``; for a reply
 without usage, from an estimate of 4 characters per token (text plus tool-call arguments), or the
 whole request's ``max_tokens`` when the reply ended with ``finish_reason == "length"``. As in the
-token loop, a reply cut by ``length`` still goes to the environment, and the budget ends the
-episode (truncated, ``truncated_by="max_tokens"``) at the next turn. ``max_model_len`` is not used
-here (a hosted model's context is not known): a server that reports a context overflow ends the
-episode as truncated (``truncated_by="context"``).
+token loop, a reply cut by ``length`` still goes to the environment; if that ends the episode (the
+environment graded it), it is recorded both terminated and truncated (``truncated_by`` names the limit),
+and if not, the budget ends the episode (truncated, ``truncated_by="max_tokens"``) at the next turn.
+``max_model_len`` is not used here (a hosted model's context is not known): a server that reports a
+context overflow ends the episode as truncated (``truncated_by="context"``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -35,8 +35,9 @@ import gymnasium as gym
 from .chat_client import ChatClient
 from .chat_history import api_messages
 from .client import SamplingParams
+from .env_calls import failure_of, reset_env, step_env
 from .errors import ContextOverflowError
-from .loop import LoopConfig, final_info, turn_seed
+from .loop import LoopConfig, final_info, length_cut, turn_seed
 from .records import ChatCompletion, Trajectory, TurnRecord, jsonable
 from .tools import assistant_message
 
@@ -60,15 +61,16 @@ async def run_text_episode(
     transcript: list[dict[str, Any]] = []  # what the env saw; the API's view is api_messages(transcript)
     reward, terminated, truncated = 0.0, False, False
     info: dict[str, Any] = {}
-    status, error, truncated_by = "ok", None, None
+    status, error, failure, truncated_by = "ok", None, None, None
     tools = list(getattr(env.unwrapped, "tools", ()))
     per_turn = cfg.max_tokens_per_turn or cfg.max_tokens
     generated = 0
     try:
-        obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task_id": task_id})
+        obs, info = await reset_env(env, seed=seed, options={"task_id": task_id})
         transcript += obs
         for turn in range(cfg.max_turns):
-            room = min(per_turn, cfg.max_tokens - generated)
+            budget_left = cfg.max_tokens - generated
+            room = min(per_turn, budget_left)
             if room <= 0:
                 truncated_by = "max_tokens"
                 break
@@ -85,15 +87,17 @@ async def run_text_episode(
                                     prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens))
             generated += spent_tokens(reply, room)
             action = assistant_message(reply.text, tools_offered=bool(tools), turn=turn, native_calls=reply.tool_calls)
-            obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            obs, r, terminated, truncated, info = await step_env(env, action)
             reward += r
             transcript += [action, *obs]
             if terminated or truncated:
+                if terminated and reply.finish_reason == "length":  # graded, but a limit cut the answer
+                    truncated_by = length_cut(cfg, budget_left=budget_left)
                 break
         else:
             truncated_by = "max_turns"
     except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
     info = final_info(info, status=status, error=error, truncated_by=truncated_by)
     return Trajectory(
         episode_id=episode_id or uuid.uuid4().hex,
@@ -114,6 +118,7 @@ async def run_text_episode(
         info=jsonable(info),
         wall_s=time.monotonic() - t0,
         mode="text",
+        failure=failure,
     )
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sao.agents import AgentError, Trajectory
+from sao.agents.engine_watch import EngineRestartsExhausted
 from sao.envs import EnvError, entries
 
 from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
@@ -22,6 +25,11 @@ from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 from .runner import EvalConfig, EvalError, evaluate
 
 console = Console(stderr=True)
+SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, as the shell reports a process ended by SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: unwound like Ctrl-C (episodes cancelled, a local engine stopped, files closed)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3)")
     p.add_argument("--max-steps", type=int,
                    help="SWE: tool steps before the episode is cut and graded (default 300, the paper's, for "
                         "swe-bench-*; 50 for swe-local)")
@@ -103,6 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --resume needs --output", file=sys.stderr)
         return 2
     output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
+    with _sigterm_as_interrupt():
+        try:
+            return _run(args, output)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): episodes written so far are kept
+            what, code = ("terminated (SIGTERM)", SIGTERM_EXIT) if isinstance(exc, Terminated) else ("interrupted", 130)
+            console.print(f"[yellow]{what}[/]; finished episodes are in {output}; continue with "
+                          f"--resume --output {output}", soft_wrap=True)  # one line: the path stays whole
+            return code
+
+
+def _run(args: argparse.Namespace, output: Path) -> int:
     try:
         if args.concurrency is None:
             args.concurrency = default_concurrency(args.benchmark)
@@ -114,15 +135,18 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
             endpoint_mode=args.endpoint_mode,
             speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens),
+            max_restarts=args.max_restarts,
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                      console=console, transient=False) as bar:
+        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                       console=console, transient=False)
+        with contextlib.ExitStack() as shown:  # the bar appears when episodes start: an early error stays one line
             state = {"n": 0, "c": 0}
 
             def start(total: int, already: int):
+                shown.enter_context(bar)
                 task = bar.add_task(cfg.benchmark, total=total, completed=already, acc="-")
 
                 def done(t: Trajectory) -> None:
@@ -133,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                 return done
 
             summary = evaluate(cfg, progress=start)
+    except EngineRestartsExhausted as exc:
+        console.print(f"[red]{exc}[/]; finished episodes are in {output}; continue with --resume --output {output}")
+        return 1
     except (EvalError, EnvError, AgentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]; finished episodes are in {output}; continue with --resume")
-        return 130
     _print_summary(summary, output)
     if summary["eval_errors"]:
         console.print(f"[yellow]{summary['eval_errors']} episode(s) could not be judged: the tests ran but produced "
@@ -149,7 +173,32 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]{summary['infra_errors']} episode(s) hit an infrastructure error (engine, container, "
                       "image; see 'error' in trajectories.jsonl); they are not counted as solved. "
                       "Failed episodes are retried by --resume.[/]")
-    return 1 if summary["infra_errors"] or summary["eval_errors"] else 0
+    if summary["env_errors"]:
+        console.print(f"[yellow]{summary['env_errors']} episode(s) failed in the environment's own code (it raised, "
+                      "or its reset/step returned what Gymnasium's contract does not allow; see 'error' in "
+                      "trajectories.jsonl): a bug of the environment, not of the model or the machine. They are "
+                      "not counted as solved, and --resume will not retry them (they would fail the same way): "
+                      "fix the environment (sao.envs.check_env) and evaluate into a new --output.[/]")
+    return 1 if summary["infra_errors"] or summary["eval_errors"] or summary["env_errors"] else 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While it is active, the first SIGTERM raises :class:`Terminated` (later ones are ignored while
+    the run unwinds); the previous handler comes back afterwards. Only the main thread can do this."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave SIGTERM as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_concurrency(benchmark: str) -> int:
@@ -171,8 +220,8 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     table.add_row("tasks x samples", f"{summary['n_tasks']} x {summary['samples_per_task']}")
     for k, v in summary["pass@k"].items():
         table.add_row(f"pass@{k}", f"{v:.4f}")
-    for key in ("resolved", "graded_by_fallback", "infra_errors", "eval_errors", "n_failed", "n_truncated",
-                "tokens_generated", "mode", "wall_s"):
+    for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "eval_errors", "n_failed",
+                "n_truncated", "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
     for key in ("spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate"):
         if key in summary:

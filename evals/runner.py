@@ -8,7 +8,14 @@ Outputs in ``output/``:
 * ``vllm.log`` when a local engine was started.
 
 Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
-``status == "ok"``; failed episodes (engine errors) are run again.
+``status == "ok"`` or failed in the environment's own code (``failure == "env_error"``: it would
+fail the same way again); episodes failed by the infrastructure (engine, container, ...) are run
+again. ``wall_s`` and ``rollout_s`` in ``summary.json`` are summed over the invocations that ran
+episodes (``timed_runs``); one with nothing left to run keeps them.
+
+Before anything starts, :func:`~.outputs.check_output` checks that every output file can be
+written, and a plug-in environment gets the short conformance check (one task, sampled actions,
+:func:`~sao.envs.checker.check_episode`): a broken one is refused before an engine starts.
 
 The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.endpoint`): the token
 loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no token ids, the text loop
@@ -41,13 +48,18 @@ from sao.agents import (
 from sao.agents.episodes import opened
 from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
 from sao.agents.engine_metrics import EngineMetrics, read_metrics
+from sao.agents.engine_watch import EngineWatch, rerun_on_death, watching
 from sao.agents.speculative import SpeculativeConfig
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
+from sao.envs.checker import check_episode
+from sao.envs.registry import BUILTINS
 
+from .errors import EvalError
 from .metrics import mean_pass_at_k
+from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +71,6 @@ AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the 
 
 
 ENDLESS_DEFAULT_LIMIT = 100  # tasks evaluated from an endless source (arithmetic) when --limit is not given
-
-
-class EvalError(Exception):
-    """A configuration or output-folder problem that the user must fix."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class EvalConfig:
     grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
     endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.endpoint)
     speculative: SpeculativeConfig = SpeculativeConfig()  # how the local vLLM speculates (--speculative)
+    max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine_watch)
 
     def __post_init__(self) -> None:
         if self.speculative.enabled and self.base_url is not None:
@@ -109,6 +118,8 @@ class EvalConfig:
             raise EvalError("--grade-only grades one prediction per instance: --samples must be 1")
         if self.limit is not None and self.limit < 1:
             raise EvalError(f"--limit must be >= 1, got {self.limit}")
+        if self.max_restarts < 0:
+            raise EvalError(f"--max-restarts must be >= 0, got {self.max_restarts}")
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -145,11 +156,24 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
             if unknown:
                 raise EvalError(f"{cfg.grade_only}: {len(unknown)} instance(s) not in {entry.name}: {unknown[:5]}")
             ids = [t for t in env.unwrapped.task_ids() if t in wanted][:cfg.limit]
+        if ids and cfg.grade_only is None and entry.name not in {e.name for e in BUILTINS}:
+            preflight(env, ids[0])
     finally:
         env.close()
     if not ids:
         raise EvalError(f"{cfg.benchmark}: no tasks")
     return ids, kwargs
+
+
+def preflight(env: Any, task_id: str) -> None:
+    """The short conformance check of a plug-in environment (one task, sampled actions), before any
+    engine starts; a broken one is an :class:`EvalError` with the checker's message. (The built-in
+    environments pass the full :func:`~sao.envs.check_env` in the test suite.)"""
+    try:
+        check_episode(env, task_id=task_id)
+    except Exception as exc:  # noqa: BLE001 - EnvConformanceError, or the check itself tripped on the env
+        raise EvalError(f"{exc}\n(sao-eval checks a plug-in environment before it starts an engine: "
+                        "fix the environment, then run again)") from exc
 
 
 def load_predictions(path: str) -> dict[str, str]:
@@ -168,8 +192,11 @@ def load_predictions(path: str) -> dict[str, str]:
 
 def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
     """Check the output folder against ``--resume``; return the pairs already done."""
-    cfg.output.mkdir(parents=True, exist_ok=True)
-    run_file, traj_file = cfg.output / "run.json", cfg.output / "trajectories.jsonl"
+    try:
+        cfg.output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvalError(f"--output {cfg.output}: cannot be created ({exc.strerror or exc})") from exc
+    run_file, traj_file = cfg.output / RUN, cfg.output / TRAJECTORIES
     if not cfg.resume:
         if traj_file.exists() and traj_file.stat().st_size > 0:
             raise EvalError(f"{cfg.output} already holds trajectories; pass --resume to continue that run, "
@@ -184,7 +211,13 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
             raise EvalError(f"--resume with a different configuration than {run_file} ({diff})")
     else:
         run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
-    return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if t.status == "ok"}
+    return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if settled(t)}
+
+
+def settled(t: Trajectory) -> bool:
+    """Whether ``--resume`` leaves the episode as it is: it ended, or failed in the environment's own
+    code (it would fail the same way again); an infrastructure failure is run again."""
+    return t.status == "ok" or t.env_error
 
 
 async def run_pairs(
@@ -233,15 +266,20 @@ async def run_pairs(
         assert runner is not None  # a token endpoint
         return await runner.play(env, client, task_id=task_id, sample=sample, seed=seed)
 
-    async def one(index: int, task_id: str, sample: int) -> None:
+    async def attempt(index: int, task_id: str, sample: int) -> Trajectory:
+        async with opened(env_name, env_kwargs) as env:
+            return await play(env, index, task_id, sample)
+
+    async def one(index: int, task_id: str, sample: int, watch: EngineWatch | None) -> None:
         async with semaphore:
-            async with opened(env_name, env_kwargs) as env:
-                trajectory = await play(env, index, task_id, sample)
+            # a local engine that dies is restarted; the attempts it cut are dropped and run again
+            trajectory = await rerun_on_death(watch, lambda: attempt(index, task_id, sample))
             writer.write(trajectory)
             on_done(trajectory)
 
     try:
-        await asyncio.gather(*(one(i, t, s) for i, t, s in pairs))
+        async with watching(endpoint.server if endpoint is not None else None, cfg.max_restarts) as watch:
+            await asyncio.gather(*(one(i, t, s, watch) for i, t, s in pairs))
     finally:
         if client is not None:
             await client.aclose()
@@ -263,8 +301,8 @@ def load_tokenizer(endpoint: Endpoint) -> Any:
 def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Build results and summary from every trajectory on disk (the latest per pair wins)."""
     latest: dict[tuple[str, int], Trajectory] = {}
-    for t in read_trajectories(cfg.output / "trajectories.jsonl"):
-        if latest.get((t.task_id, t.sample)) is None or latest[(t.task_id, t.sample)].status != "ok":
+    for t in read_trajectories(cfg.output / TRAJECTORIES):
+        if latest.get((t.task_id, t.sample)) is None or not settled(latest[(t.task_id, t.sample)]):
             latest[(t.task_id, t.sample)] = t
     results, outcomes, fallback = [], [], 0
     for task_id in task_ids:
@@ -298,9 +336,14 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "wall_s": round(wall_s, 3),
         "n_episodes": len(done),
         "n_missing": len(task_ids) * cfg.samples - len(done),
-        "n_failed": sum(t.status == "failed" for t in done),
-        # the episode could not be run or graded for a reason that is not the agent's (engine, container, ...)
-        "infra_errors": sum(t.status == "failed" or bool(t.info.get("error")) for t in done),
+        "n_failed": sum(t.status == "failed" for t in done),  # infra_errors + env_errors, grading errors aside
+        # the episode could not be run or graded for a reason that is not the agent's (engine, container, ...);
+        # --resume runs the failed ones again
+        "infra_errors": sum((t.status == "failed" and not t.env_error) or (t.status == "ok" and bool(t.info.get("error")))
+                            for t in done),
+        # the environment's own code raised or broke its return contract: a bug of the environment, not
+        # retried by --resume (it would fail the same way)
+        "env_errors": sum(t.env_error for t in done),
         # graded, but the grading could not judge (the image cannot run its tests): neither solved nor
         # unresolved, and not retried by --resume (it would fail the same way)
         "eval_errors": sum(t.status == "ok" and bool(t.info.get("eval_error")) for t in done),
@@ -315,16 +358,20 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
 
 
 def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    with (cfg.output / "results.jsonl").open("w", encoding="utf-8") as fh:
-        for row in results:
-            fh.write(json.dumps(row) + "\n")
-    (cfg.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    write_swebench_outputs(cfg)
+    try:
+        with (cfg.output / RESULTS).open("w", encoding="utf-8") as fh:
+            for row in results:
+                fh.write(json.dumps(row) + "\n")
+        (cfg.output / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+        write_swebench_outputs(cfg)
+    except OSError as exc:
+        raise EvalError(f"the outputs cannot be written in {cfg.output} ({exc}); every episode is in "
+                        f"{TRAJECTORIES}: fix that, then run again with --resume to write them") from exc
 
 
 def write_swebench_outputs(cfg: EvalConfig) -> None:
     """For environments that grade patches: ``predictions.jsonl`` in swebench's format and ``reports/ID.json``."""
-    graded = [t for t in read_trajectories(cfg.output / "trajectories.jsonl") if "patch" in t.info]
+    graded = [t for t in read_trajectories(cfg.output / TRAJECTORIES) if "patch" in t.info]
     if not graded:
         return
     name = cfg.model if cfg.agent == "llm" and cfg.grade_only is None else (
@@ -348,8 +395,10 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
              ) -> dict[str, Any]:
     """Run (or resume) an evaluation and write its outputs. ``progress(total, done)`` returns a per-episode hook."""
     t0 = time.monotonic()
+    check_output(cfg.output)
     task_ids, env_kwargs = plan(cfg)
     done = prepare_output(cfg)
+    before = previous_summary(cfg)
     pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
     rollout_s, used = 0.0, None
     if pairs:
@@ -357,23 +406,54 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
                                 max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log",
                                 mode=cfg.endpoint_mode, speculative=cfg.speculative)
                   if cfg.agent == "llm" and cfg.grade_only is None else contextlib.nullcontext())
-        with engine as endpoint, TrajectoryWriter(cfg.output / "trajectories.jsonl") as writer:
+        with engine as endpoint, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
-            before = read_metrics(_root(endpoint)) if cfg.speculative.enabled else None
+            metrics0 = read_metrics(_root(endpoint)) if cfg.speculative.enabled else None
             t_rollout = time.monotonic()
             asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))
             rollout_s = time.monotonic() - t_rollout
-            used = read_metrics(_root(endpoint)).since(before) if before is not None else None
+            used = read_metrics(_root(endpoint)).since(metrics0) if metrics0 is not None else None
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
-    summary["rollout_s"] = round(rollout_s, 3)  # this invocation's episodes only, engine start-up excluded
+    summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs))
     if used is not None:
         summary |= speculative_summary(cfg.speculative, used)
+    elif not pairs:  # nothing ran: the engine figures of the run that did the work stay
+        summary |= {k: v for k, v in before.items() if k in SPECULATIVE_KEYS}
     write_outputs(cfg, summary, results)
     return summary
 
 
+def previous_summary(cfg: EvalConfig) -> dict[str, Any]:
+    """The ``summary.json`` that an earlier invocation left, on ``--resume`` (empty without one)."""
+    path = cfg.output / SUMMARY
+    if not cfg.resume or not path.is_file():
+        return {}
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("%s cannot be read (%s); its run times are not carried over", path, exc)
+        return {}
+    return before if isinstance(before, dict) else {}
+
+
+def run_times(before: dict[str, Any], *, wall_s: float, rollout_s: float, ran: bool) -> dict[str, Any]:
+    """``wall_s`` and ``rollout_s`` summed over the invocations that ran episodes (``timed_runs`` of them;
+    rollout: the episodes only, engine start-up excluded). An invocation with nothing left to run
+    keeps the earlier figures; an earlier run killed before its summary was written is not counted."""
+    if not isinstance(before.get("wall_s"), (int, float)):
+        return {"wall_s": round(wall_s, 3), "rollout_s": round(rollout_s, 3), "timed_runs": 1}
+    runs = before.get("timed_runs", 1)  # a summary written before the field: one run
+    if not ran:
+        return {"wall_s": before["wall_s"], "rollout_s": before.get("rollout_s", 0.0), "timed_runs": runs}
+    return {"wall_s": round(before["wall_s"] + wall_s, 3), "rollout_s": round(before.get("rollout_s", 0.0) + rollout_s, 3),
+            "timed_runs": runs + 1}
+
+
 def _root(endpoint: Endpoint) -> str:
     return endpoint.base_url.removesuffix("/v1")
+
+
+SPECULATIVE_KEYS = ("speculative", "spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate", "engine")
 
 
 def speculative_summary(speculative: SpeculativeConfig, used: EngineMetrics) -> dict[str, Any]:

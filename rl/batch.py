@@ -35,7 +35,10 @@ class Batch:
                       observation and padding tokens. Column 0 is always 0.
     rollout_logprobs: [B, T] float, the engine's log-prob of token t at action tokens, 0.0 elsewhere.
     rewards:          [B] float, the trajectory's reward (placed at its last action token by the learner).
-    truncated:        [B] bool, the episode was cut by a limit (the learner bootstraps these rows).
+    truncated:        [B] bool, the episode was cut by a limit before the environment ended it: its
+                      return is incomplete, and the learner bootstraps these rows. A trajectory cut by
+                      a limit AFTER the environment ended and graded it (``terminated`` and
+                      ``truncated``, e.g. an answer cut by the token budget) is not one of them.
     advantages, returns, old_values: optional [B, T] float, filled by the learner (``dataclasses.replace``).
     group_ids:        optional [B] long, rows with the same id are samples of one draw of a prompt
                       (GRPO groups).
@@ -134,7 +137,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         action_mask=action_mask,
         rollout_logprobs=logprobs * action_mask,
         rewards=torch.tensor([tr.reward for tr in trajectories], dtype=torch.float32),
-        truncated=torch.tensor([tr.truncated for tr in trajectories], dtype=torch.bool),
+        truncated=torch.tensor([tr.truncated and not tr.terminated for tr in trajectories], dtype=torch.bool),
         group_ids=torch.tensor([groups[_draw(tr)] for tr in trajectories], dtype=torch.long),
     )
 

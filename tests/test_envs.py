@@ -197,3 +197,165 @@ def test_imo_v2_rows_are_read_verbatim():
     assert len(rows) == 400
     assert rows[1]["Short Answer"] == "$\\left\\lfloor \\log_{2}a\\right\\rfloor +1$."
     assert SHARED_DATA.exists()
+
+
+# -- check_env: seeded determinism and return values (issue 14, item 3) ----------------------------
+
+
+class _Tasks(E.TextEnv):
+    """Ten tasks; the first observation names the task, drawn by `draw()` when none is asked for."""
+
+    def task_ids(self, limit=None):
+        return [f"t{i}" for i in range(10)][:limit]
+
+    def draw(self) -> int:
+        return int(self.np_random.integers(10))
+
+    def _begin(self, task_id):
+        if task_id is None:
+            task_id = f"t{self.draw()}"
+        if task_id not in self.task_ids():
+            raise KeyError(task_id)
+        return [{"role": "user", "content": f"task {task_id}"}], {"task_id": task_id}
+
+    def _respond(self, action):
+        return [], 1.0, True, False, {"correct": True, "answer": "x", "error": None}
+
+
+class _GlobalRandom(_Tasks):
+    def draw(self):  # Python's global generator: ignores the seed
+        import random
+
+        return random.randrange(10)
+
+
+class _GlobalNumpy(_Tasks):
+    def draw(self):  # numpy's global generator: ignores the seed
+        import numpy as np
+
+        return int(np.random.randint(10))
+
+
+class _NeverSeeded(_Tasks):
+    def reset(self, *, seed=None, options=None):  # forgets super().reset(seed=seed): np_random keeps drawing
+        obs, info = self._begin((options or {}).get("task_id"))
+        self._done = False
+        return obs, info
+
+
+class _OwnGenerator(_Tasks):
+    def _begin(self, task_id):  # a generator of its own, never seeded (caught unless all its draws repeat)
+        import random
+
+        obs, info = super()._begin(task_id)
+        return [{"role": "user", "content": f"{obs[0]['content']} {random.SystemRandom().random()}"}], info
+
+
+@pytest.mark.parametrize("broken", [_GlobalRandom, _GlobalNumpy, _NeverSeeded, _OwnGenerator])
+def test_a_reset_that_ignores_its_seed_fails_every_time(broken):
+    for _ in range(60):  # the old check (two resets) let such an env through about 1 time in 10
+        with pytest.raises(E.EnvConformanceError, match=r"reset\(seed=\d\)"):
+            E.check_env(broken())
+
+
+def test_the_seed_check_passes_a_seeded_env_and_restores_the_global_generators():
+    import random
+
+    import numpy as np
+
+    random.seed(123)
+    np.random.seed(123)
+    expected = random.random(), np.random.random()
+    random.seed(123)
+    np.random.seed(123)
+    for _ in range(20):
+        E.check_env(_Tasks())
+    assert (random.random(), np.random.random()) == expected
+
+
+def _rewarding(reward):
+    class Rewarding(_Tasks):
+        def _respond(self, action):
+            return [], reward, True, False, {"correct": True, "answer": "x", "error": None}
+
+    return Rewarding()
+
+
+@pytest.mark.parametrize("reward", ["1", True, None, float("nan"), [1.0]])
+def test_a_reward_must_be_a_real_number(reward):
+    # TextEnv.step converts with float(): "1" and True would pass unseen without the check of _respond
+    with pytest.raises(E.EnvConformanceError, match="reward must be"):
+        E.check_env(_rewarding(reward))
+
+
+@pytest.mark.parametrize("reward", [1, 0.5, -2, "numpy"])
+def test_real_rewards_pass(reward):
+    import numpy as np
+
+    E.check_env(_rewarding(np.float32(0.5) if reward == "numpy" else reward))
+
+
+class _Raw(gym.Env):
+    """A plain gymnasium.Env (no TextEnv): what it returns reaches the checker unchanged."""
+
+    observation_space = E.MessagesSpace()
+    action_space = E.AssistantMessageSpace()
+    tools = ()
+
+    def task_ids(self, limit=None):
+        return ["a", "b"][:limit]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        task = (options or {}).get("task_id") or "ab"[int(self.np_random.integers(2))]
+        if task not in ("a", "b"):
+            raise KeyError(task)
+        return [{"role": "user", "content": f"task {task}"}], {"task_id": task}
+
+    def step(self, action):
+        E.core.as_action(action)
+        return [], 1.0, True, False, {"correct": True, "answer": None, "error": None}
+
+
+def test_a_plain_env_that_keeps_the_contract_passes():
+    E.check_env(_Raw())
+
+
+def test_step_must_return_a_5_tuple_and_reset_a_2_tuple():
+    class OldStep(_Raw):
+        def step(self, action):  # gym's old API: (obs, reward, done, info)
+            E.core.as_action(action)
+            return [], 1.0, True, {}
+
+    class ObsOnlyReset(_Raw):
+        def reset(self, *, seed=None, options=None):
+            return super().reset(seed=seed, options=options)[0]
+
+    with pytest.raises(E.EnvConformanceError, match=r"step must return a 5-tuple \(observation, reward, terminated, "
+                                                    r"truncated, info\), got a tuple of 4"):
+        E.check_env(OldStep())
+    with pytest.raises(E.EnvConformanceError, match=r"reset must return a 2-tuple \(observation, info\), got list"):
+        E.check_env(ObsOnlyReset())
+
+    class ShortRespond(_Tasks):
+        def _respond(self, action):
+            return [], 1.0, True, {"correct": True, "answer": "x", "error": None}
+
+    with pytest.raises(E.EnvConformanceError, match=r"_respond must return a 5-tuple .* got a tuple of 4"):
+        E.check_env(ShortRespond())
+
+
+def test_check_episode_is_the_short_form():
+    from sao.envs.checker import check_episode
+
+    check_episode(E.make("arithmetic"))
+    with pytest.raises(E.EnvConformanceError, match="reward must be a real number"):
+        check_episode(_rewarding("1"), task_id="t3")
+
+    class Endless(_Tasks):  # no step limit: check_env wants one, the short form leaves it to the agent loop
+        def _respond(self, action):
+            return [{"role": "user", "content": "go on"}], 0.0, False, False, {}
+
+    check_episode(Endless())
+    with pytest.raises(E.EnvConformanceError, match="no episode end within 8 steps"):
+        E.check_env(Endless())

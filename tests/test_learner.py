@@ -64,6 +64,10 @@ def test_collate_pads_right_and_numbers_groups():
     assert b.truncated.tolist() == [False, True, False] and b.group_ids.tolist() == [0, 1, 0]
     with pytest.raises(ValueError, match="token 0"):
         collate([traj([1, 2], [1, 1])], pad_id=0)
+    # an answer cut by the token budget and graded by the environment (terminated AND truncated) has
+    # its final reward: not bootstrapped; one cut before the environment ended it is
+    graded_cut = replace(traj([9, 10], [0, 1]), terminated=True, truncated=True)
+    assert collate([graded_cut, traj([9, 10], [0, 1], truncated=True)], pad_id=0).truncated.tolist() == [False, True]
 
 
 def test_micro_batches_respect_budget_keep_order_and_trim():

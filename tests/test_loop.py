@@ -230,3 +230,64 @@ def test_max_tokens_per_turn_caps_each_request_within_the_trajectory_budget():
     with FakeServer([Reply(text=f"\\boxed{{{GOLD}}}")]) as server:
         episode(server, cfg=LoopConfig(max_tokens=30, max_tokens_per_turn=40))
     assert server.requests[0]["max_tokens"] == 30  # never past what the trajectory has left
+
+
+# -- an answer cut by a token limit (issue 14): graded by the environment, recorded truncated ---------------
+
+
+def test_answer_cut_by_the_token_budget_is_graded_and_recorded_truncated():
+    # The engine stopped at max_tokens ("length") after a right answer: the environment grades it and ends the
+    # episode (terminated: its reward is final), and a limit cut the answer (truncated): both flags.
+    cut = Reply(text=f"\\boxed{{{GOLD}}} because", finish_reason="length", end_with_eos=False)
+    with FakeServer([cut]) as server:
+        t = episode(server)
+    assert t.status == "ok" and t.truncated and t.terminated and t.info["truncated_by"] == "max_tokens"
+    assert t.correct and t.reward == 1.0 and t.info["answer"] == str(GOLD) and t.info["error"] is None
+    with FakeServer([Reply(text="\\boxed{-1} but", finish_reason="length", end_with_eos=False)]) as server:
+        wrong = episode(server)
+    assert wrong.truncated and wrong.terminated and not wrong.correct and wrong.reward == 0.0
+    assert Trajectory.from_json(t.to_json()) == t
+
+
+def test_answer_cut_by_the_per_turn_cap_or_the_context_names_that_limit():
+    cut = Reply(text=f"\\boxed{{{GOLD}}}", finish_reason="length", end_with_eos=False)
+    with FakeServer([cut]) as server:
+        t = episode(server, cfg=LoopConfig(max_tokens=256, max_tokens_per_turn=40))
+    assert t.truncated and t.terminated and t.info["truncated_by"] == "max_tokens_per_turn" and t.correct
+    with FakeServer([Reply(text="x"), cut]) as server:
+        prompt_len = episode(server).turns[0].prompt_len  # a first run, to size the context below
+        t = episode(server, cfg=LoopConfig(max_tokens=256, max_model_len=prompt_len + 20))
+    assert server.requests[-1]["max_tokens"] == 20
+    assert t.truncated and t.terminated and t.info["truncated_by"] == "context" and t.correct
+
+
+def test_the_smallest_room_names_the_limit_and_the_budget_wins_a_tie():
+    from sao.agents.loop import length_cut
+
+    assert length_cut(LoopConfig(max_tokens=100), budget_left=100, context_left=100) == "max_tokens"
+    assert length_cut(LoopConfig(max_tokens=100, max_tokens_per_turn=30), budget_left=70, context_left=500) \
+        == "max_tokens_per_turn"
+    assert length_cut(LoopConfig(max_tokens=100, max_tokens_per_turn=30), budget_left=20, context_left=500) \
+        == "max_tokens"
+    assert length_cut(LoopConfig(max_tokens=100), budget_left=100, context_left=12) == "context"
+    assert length_cut(LoopConfig(max_tokens=100), budget_left=40) == "max_tokens"  # text mode: no context known
+
+
+def test_text_loop_records_a_cut_answer_as_truncated_too():
+    from sao.agents import OpenAIChatClient, run_text_episode
+
+    async def go(server, cfg):
+        client = OpenAIChatClient(server.base_url, "fake", timeout_s=5.0, retry=FAST)
+        try:
+            return await run_text_episode(E.make("arithmetic"), client, cfg, env_name="arithmetic", task_id=TASK,
+                                          seed=7)
+        finally:
+            await client.aclose()
+
+    with FakeServer([Reply(text=f"\\boxed{{{GOLD}}}", finish_reason="length")], chat_only=True) as server:
+        t = asyncio.run(go(server, LoopConfig(max_tokens=64)))
+    assert t.mode == "text" and t.truncated and t.terminated and t.info["truncated_by"] == "max_tokens"
+    assert t.correct and t.reward == 1.0
+    with FakeServer([Reply(text=f"\\boxed{{{GOLD}}}")], chat_only=True) as server:
+        t = asyncio.run(go(server, LoopConfig(max_tokens=64, max_tokens_per_turn=16)))
+    assert t.terminated and not t.truncated and "truncated_by" not in t.info  # ended by the model: terminated
