@@ -15,9 +15,11 @@ first policy step to 17.4 GB at the third, and the run was OOM-killed. Three fix
   the threshold at glibc's initial 128 KiB, so every activation tensor was a fresh ``mmap`` that
   page-faults its zeroed pages in and is unmapped when freed. Measured in the default run (2 cores,
   3 SAO updates of 845-1,184 tokens): 17.9 / 22.7 / 24.8 s per update with 40% of the CPU time in
-  the kernel (425,000 page faults a second), against 10.7 / 13.3 / 14.9 s with a 1 MiB threshold
-  (:data:`MMAP_THRESHOLD`) and 10.7 / 12.8 / 14.2 s with glibc's untouched defaults, which however
-  peaked at 6.17 GB against 5.80 GB (issue 13 budget: 6). Tensors of 1 MiB and more (the MLP's
+  the kernel (425,000 page faults a second), against 10.7 / 13.3 / 14.9 s with a 1 MiB threshold,
+  11.4 / 14.1 / 15.6 s with 512 KiB (:data:`MMAP_THRESHOLD`) and 10.7 / 12.8 / 14.2 s with glibc's
+  untouched defaults; peak RSS after those 3 steps 5.80 GB (1 MiB), 5.54 GB (512 KiB), 6.17 GB
+  (defaults), against the issue 13 budget of 6 GB. 512 KiB buys 0.25 GB of headroom for about 5%
+  of update time: with 1 MiB a 16-step run reached 6.2 GB. Tensors of 512 KiB and more (the MLP's
   intermediates, the LM head's logits, gradients, weights) still come from ``mmap`` and go back when
   freed; the many smaller ones are reused from the heap;
 - :class:`sao.rl.torch_thread.TorchThread` runs every torch call of the trainer on one dedicated
@@ -53,7 +55,7 @@ _M_ARENA_MAX = -8
 
 ARENA_MAX = 2
 TRIM_THRESHOLD = 64 << 20  # free heap above this at the top of an arena goes back to the system
-MMAP_THRESHOLD = 1 << 20  # allocations from this size on are mmapped (and unmapped when freed)
+MMAP_THRESHOLD = 512 << 10  # allocations from this size on are mmapped (and unmapped when freed)
 ONEDNN_CACHE_CAPACITY = 64  # compiled oneDNN primitives kept (oneDNN's default: 1024; module doc)
 
 
