@@ -3,7 +3,7 @@
     python benchmarks/pipeline_sim.py [--scenario paper_like] [--engines 8,64,256,1024] [--steps N]
                                       [--batch-per-engine B] [--json OUT.json] [--pipe-sweep]
 
-Runs ``sync``, ``one_step_off``, ``async`` (stale policy ``drop``) and ``async_mask`` (``mask``),
+Runs ``sync``, ``one_step_off``, ``async_drop`` (stale policy ``drop``) and ``async_mask`` (``mask``, the default),
 ``multi_version``, ``pipe`` (and ``pipe``'s baseline ``sync_grpo``) at each engine count with the same workload, batch size and number of steps, prints
 the mode x engines table and the comparisons with the goals (async >= 3x sync trajectories/h with
 trainer idle <= 5% at 256 engines; multi_version >= 1.3x one_step_off; pipe cuts
@@ -32,7 +32,7 @@ from sao.rl.rollout.compare import comparisons, grid_json, render, run_grid
 from sao.rl.rollout.sim import simulate
 from sao.rl.rollout.simconfig import SCENARIOS, scenario
 
-MODES = ["sync", "one_step_off", "async", "async_mask", "multi_version", "pipe"]
+MODES = ["sync", "one_step_off", "async_drop", "async_mask", "multi_version", "pipe"]
 
 
 def pipe_sweep(config, engines: int, console: Console) -> None:

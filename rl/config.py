@@ -183,11 +183,24 @@ class RolloutConfig:
     top_p: float = 1.0
     replicas: int = 1  # managed engine replicas for the scheduled modes
     staleness: int = 4  # k: learner version - oldest version of a trained trajectory (async, multi_version)
-    stale_policy: str = "drop"  # async: drop (re-queue the prompt) | mask (train it; DIS masks the tokens)
+    # async: drop (re-queue a too-stale trajectory's prompt) | mask (train it; DIS masks its off-policy
+    # tokens). Neither keeps both of DORA's constraints; multi_version does. sao-sim paper_like, k = 4,
+    # 256 engines: drop trained mean 1,325 action tokens vs 2,384 generated (every one of 1,167 drops
+    # above the median: C2 broken) and 5,790 trained tokens/s; mask trained mean 2,370 (-1.4%) and
+    # 10,287 tokens/s, but a third of its trajectories were older than k, up to 27 versions (C3
+    # broken). drop stays the default because staleness <= k is the bound `staleness` promises and
+    # the run's checks assert; rollout/len_trained_bias shows what it costs (sao.rl.rollout.lengths).
+    stale_policy: str = "drop"
     max_failures: int = 3  # failed attempts of a request before it is recorded failed
     async_outstanding: float | None = None  # async: batches in flight or finished-untrained (null: k + 1)
-    admit_lag: int | None = None  # multi_version: a replica this many versions behind still admits (null: k // 2)
-    drain_below: float = 0.25  # multi_version: an old replica this loaded (fraction of concurrency) drains
+    # multi_version admission: 0 = METHOD.md 2's rule, new trajectories start only on replicas at the
+    # newest version (old ones finish their in-flight work, then upgrade); N (1..k) = the lagged option,
+    # overflow also starts on replicas up to N versions behind. sao-sim paper_like, k = 4, N = 2: equal
+    # throughput at 32 and 256 replicas, 5% fewer trajectories/h at 8, but 31-35% more at 2-4 replicas
+    # (draining replicas idle there; 29-60% of starts were then on old versions, mean staleness 1.6-1.8
+    # vs 0.5-0.8). Few replicas: consider admit_lag=2.
+    admit_lag: int = 0
+    drain_below: float = 0.25  # multi_version with admit_lag > 0: an old replica this loaded (fraction of concurrency) drains
     micro_groups: int = 1  # pipe: complete groups per part handed to the learner (CGP)
     frontier_first: bool = True  # pipe: admit the frontier group's requests first (FGD)
 

@@ -35,6 +35,7 @@ from sao.rl.rollout import (
     TrainOn,
     TrajectoryFinished,
 )
+from sao.rl.rollout.lengths import LengthStats
 from sao.rl.rollout.replicas import UNKNOWN_VERSION
 from sao.rl.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.tasks import PromptRef, episode_seed
@@ -64,6 +65,7 @@ class DriverLoop:
         self._finished: dict[int, Trajectory] = {}
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
         self._failed: list[Trajectory] = []
+        self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
         self.tasks: set[asyncio.Task[Any]] = set()
         self._t0 = time.monotonic()
         self._since_batch = time.monotonic()
@@ -135,7 +137,9 @@ class DriverLoop:
             elif isinstance(action, TrainOn):
                 self._train_on(action)
             elif isinstance(action, Discard):
-                self._finished.pop(action.traj_id, None)
+                dropped = self._finished.pop(action.traj_id, None)
+                if dropped is not None:
+                    self.lengths.on_dropped(dropped.num_action_tokens)
             elif isinstance(action, (Requeue, RecordFailed)):
                 t = self._finished.pop(action.traj_id, None)
                 if isinstance(action, RecordFailed):
@@ -172,6 +176,8 @@ class DriverLoop:
         self.on_trajectory(trajectory)
         self._finished[start.traj_id] = trajectory
         cause = failure(trajectory)
+        if cause is None:
+            self.lengths.on_generated(trajectory.num_action_tokens)
         self.events.put_nowait(TrajectoryFinished(start.traj_id, versions, trajectory.num_action_tokens,
                                                   cause is not None, cause or ""))
 
@@ -194,9 +200,11 @@ class DriverLoop:
         metrics: dict[str, float] = {}
         if action.final:
             step, self._step_trajectories = self._step_trajectories, []
+            for t in step:
+                self.lengths.on_trained(t.num_action_tokens)
             staleness = [action.step - rollout_meta(t).policy_version for t in step]
             wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
-            metrics = {**rollout_metrics(step, step, wall), **self.stats(),
+            metrics = {**rollout_metrics(step, step, wall), **self.stats(), **self.lengths.metrics(),
                        "rollout/batch_staleness_max": float(max(staleness)),
                        "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []

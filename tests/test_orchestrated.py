@@ -82,6 +82,7 @@ def test_single_rollout_modes_train_within_the_staleness_bound(mode: str, tmp_pa
         assert r["rollout/lost"] == 0
         assert r["rollout/batch_staleness_max"] <= 1
         assert r["rollout/staleness_max"] <= 1
+        assert r["rollout/len_trained_n"] > 0 and r["rollout/len_generated_mean"] > 0  # length bias (C2) is logged
     # every replica was synced to new versions from the published folders
     assert all(any(c.startswith("reload:v") for c in e.calls) for e in engines)
     trained = [t for t in lines(tmp_path / "trajectories.jsonl")]

@@ -199,6 +199,36 @@ def test_multi_version_trainer_waits_rather_than_exceed_staleness():
     assert s.stats()["staleness/max"] == 1.0
 
 
+@pytest.mark.parametrize("admit_lag", [0, 1])
+def test_multi_version_starts_new_work_on_the_newest_version_unless_lag_is_allowed(admit_lag):
+    """METHOD.md 2: new trajectories start on the newest version (admit_lag=0, the default); the
+    lagged option lets a replica one version behind keep admitting while it is busy."""
+    cfg = SchedulerConfig(batch_size=1, max_concurrency=2, staleness=3, admit_lag=admit_lag)
+    s = MultiVersionScheduler(cfg, n_replicas=1)
+    a, b = s.start(0.0)
+    out = feed(s, done(a))
+    assert of(out, TrainOn) == [TrainOn(0, (a.traj_id,))]
+    (c,) = of(out, StartTrajectory)  # version 0 is still the newest: c starts on it
+    assert c.version == 0
+    out = feed(s, TrainStepDone(1))  # the replica still runs b and c on version 0: no sync (C1)
+    assert not of(out, SyncReplica) and not of(out, StartTrajectory)
+    out = feed(s, done(b))  # a slot frees on the version-0 replica while the learner is at 1
+    starts = of(out, StartTrajectory)
+    if admit_lag == 0:
+        assert starts == []  # the old replica drains instead
+        out = feed(s, done(c))
+        assert of(out, SyncReplica) == [SyncReplica(0, 1)]
+        assert {x.version for x in of(feed(s, SyncDone(0, 1)), StartTrajectory)} == {1}
+    else:
+        assert [x.version for x in starts] == [0]  # overflow admitted one version behind
+
+
+def test_admit_lag_defaults_to_the_spec_rule_and_is_bounded_by_k():
+    assert SchedulerConfig().admit_lag == 0
+    with pytest.raises(ConfigError, match="admit_lag"):
+        SchedulerConfig(staleness=2, admit_lag=3)
+
+
 # ---------------------------------------------------------------- pipe (RolloutPipe)
 
 

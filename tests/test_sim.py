@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,17 @@ from hypothesis import strategies as st
 
 from sao.rl.rollout import SchedulerConfig, StartTrajectory
 from sao.rl.rollout.sim import SIM_MODES, Simulation, simulate
-from sao.rl.rollout.simconfig import EngineConfig, Lognormal, SimConfig, TrainerConfig, WorkloadConfig, scenario
+from sao.rl.rollout.lengths import LengthStats, quantile
+from sao.rl.rollout.routing import ROUTERS
+from sao.rl.rollout.simconfig import (
+    EngineConfig,
+    Lognormal,
+    RoutingConfig,
+    SimConfig,
+    TrainerConfig,
+    WorkloadConfig,
+    scenario,
+)
 
 
 @st.composite
@@ -43,6 +54,8 @@ def small_runs(draw) -> SimConfig:
         scheduler=SchedulerConfig(batch_size=batch, max_concurrency=draw(st.integers(1, 4)),
                                   staleness=draw(st.integers(0, 3)), stale_policy=draw(st.sampled_from(["drop", "mask"])),
                                   max_failures=draw(st.integers(1, 3))),
+        routing=RoutingConfig(router=draw(st.sampled_from(ROUTERS)), cache_tokens=draw(st.sampled_from([None, 0, 300, 3000])),
+                              flush_on_sync=draw(st.booleans())),
         grpo_group_size=group,
         micro_groups=draw(st.integers(1, 2)),
         steps=draw(st.integers(2, 5)),
@@ -145,6 +158,8 @@ def test_sao_sim_command_writes_the_json(tmp_path):
     (["--stale-policy", "keep"], "invalid choice"),
     (["--scenario", "paper"], "invalid choice"),
     (["--steps", "0", "--engines", "2"], "steps must be >= 1"),
+    (["--router", "cache-aware"], "invalid choice"),
+    (["--admit-lag", "9", "--engines", "2"], "admit_lag must lie in [0, staleness=4]"),
 ])
 def test_sao_sim_rejects_bad_input_with_exit_2(args, message, capsys):
     from sao.rl.rollout.sim_cli import main
@@ -165,3 +180,88 @@ def test_batch_per_engine_scales_the_batch_with_the_fleet() -> None:
     assert scaled(base, 64, 4).scheduler.batch_size == 256  # 4 x 64, already whole groups
     assert scaled(base, 3, 1).scheduler.batch_size == 8  # 3 rounded up to one group of 8
     assert scaled(base, 10, 1).scheduler.batch_size == 16  # 10 -> two groups
+
+
+# ---------------------------------------------------------------- admission, routing, lengths (issue 11)
+
+
+def _multi_turn(router: str = "pinned", cache_tokens: int | None = None, flush: bool = False, trainer_tps: float = 200_000,
+                **sched) -> SimConfig:
+    """Long multi-turn contexts (prefill dear: a miss shows), no failures: a small, fast paper-like run."""
+    return SimConfig(
+        workload=WorkloadConfig(prompt_tokens=Lognormal(1500, 0.2, 500, 4000), turns=Lognormal(6, 0.4, 2, 12),
+                                response_tokens=Lognormal(100, 0.5, 10, 800), observation_tokens=Lognormal(400, 0.5, 10, 2000),
+                                env_latency_s=Lognormal(0.5, 0.5, 0.05, 5), episode_failure_prob=0.0),
+        engine=EngineConfig(single_stream_tps=60, max_aggregate_tps=1500, prefill_cost=0.1, sync_s=2.0, mtbf_s=None),
+        trainer=TrainerConfig(tokens_per_s=trainer_tps, step_overhead_s=1.0),
+        scheduler=SchedulerConfig(**{"batch_size": 16, "max_concurrency": 8, "staleness": 2, **sched}),
+        routing=RoutingConfig(router=router, cache_tokens=cache_tokens, flush_on_sync=flush),
+        grpo_group_size=8, steps=4, seed=3)
+
+
+def test_default_routing_is_the_old_model_every_later_turn_finds_its_prefix():
+    r = simulate("async", _multi_turn(), 3)
+    assert r.prefix_turn_hit_rate == 1.0 and r.routed_moves == 0
+    assert 0.5 < r.prefix_cache_hit_rate < 1.0  # turn-0 prompts are misses
+
+
+def test_cache_aware_routing_keeps_prefixes_that_round_robin_loses():
+    rr = simulate("multi_version", _multi_turn("round_robin"), 4)
+    ca = simulate("multi_version", _multi_turn("cache_aware"), 4)
+    assert ca.prefix_cache_hit_rate > rr.prefix_cache_hit_rate + 0.2
+    assert rr.routed_moves > ca.routed_moves
+    assert ca.wall_s < rr.wall_s  # recomputed prefill is engine time
+    assert rr.mixed_version == ca.mixed_version == 0  # routing keeps C1
+
+
+def test_a_cache_too_small_for_any_prefix_never_hits():
+    r = simulate("multi_version", _multi_turn("pinned", cache_tokens=10), 2)
+    assert r.prefix_turn_hit_rate == 0.0 and r.prefix_cache_hit_rate == 0.0
+
+
+def test_lagged_admission_starts_work_on_old_versions_and_the_default_does_not():
+    cfg = _multi_turn(staleness=4)  # 2 engines x 8 slots < (k + 1) x 16: slots, not staleness, bound admission
+    new, lag = simulate("multi_version", cfg, 2), simulate("multi_version_lag", cfg, 2)
+    assert new.old_version_starts == 0
+    assert lag.old_version_starts > 0 and lag.max_staleness <= 4 and lag.mixed_version == 0
+
+
+def test_length_stats_report_generated_trained_and_dropped():
+    s = LengthStats()
+    for n in (10, 20, 30, 40, 100):
+        s.on_generated(n)
+    for n in (10, 20, 30):
+        s.on_trained(n)
+    s.on_dropped(100)
+    m = s.metrics()
+    assert m["rollout/len_long_tokens"] == 30  # the median of what was generated
+    assert m["rollout/len_generated_mean"] == 40 and m["rollout/len_generated_p50"] == 30
+    assert m["rollout/len_generated_p90"] == pytest.approx(76)  # 40 + 0.6 * (100 - 40)
+    assert m["rollout/len_trained_long_share"] == 0 and m["rollout/len_dropped_long_share"] == 1
+    assert m["rollout/len_generated_long_share"] == pytest.approx(0.4)
+    assert m["rollout/len_trained_bias"] == pytest.approx(20 / 40 - 1)
+    assert "rollout/len_admitted_n" not in m  # only recorded where lengths are known at the start
+    assert quantile([], 0.5) == 0.0
+
+
+def test_stale_drops_fall_on_long_trajectories():
+    cfg = replace(scenario("paper_like"), steps=6)
+    drop = simulate("async_drop", cfg, 16)
+    L = drop.lengths
+    assert drop.dropped_stale > 20
+    assert L["rollout/len_dropped_mean"] > 1.5 * L["rollout/len_trained_mean"]
+    assert L["rollout/len_dropped_long_share"] > 0.8
+
+
+def test_sao_sim_routes_and_reports_the_hit_rate(tmp_path):
+    from sao.rl.rollout.sim_cli import main
+
+    out = tmp_path / "sim.json"
+    code = main(["--modes", "multi_version,multi_version_lag", "--engines", "4", "--steps", "2", "--router", "cache_aware",
+                 "--cache-tokens", "50000", "--flush-on-sync", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"multi_version", "multi_version_lag"}
+    for m in doc.values():
+        assert 0 < m["prefix_cache_hit_rate"] < 1 and "rollout/len_trained_mean" in m["lengths"]
+        assert m["lost"] == 0

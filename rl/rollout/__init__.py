@@ -17,6 +17,10 @@ means and which event answers it) is in :mod:`sao.rl.rollout.core`.
 
 Modes (:data:`MODES`): ``sync``, ``one_step_off``, ``async`` (SAO), ``multi_version`` (DORA),
 ``pipe`` (RolloutPipe).
+
+Also pure and clock-agnostic: request routing across replicas (:mod:`~sao.rl.rollout.routing`: the
+:class:`Router` protocol, ``pinned``, ``round_robin`` and ``cache_aware``; WAR, METHOD.md 3) and
+the length distribution of generated, trained and dropped trajectories (:class:`LengthStats`).
 """
 
 from sao.rl.rollout.batched import OneStepOffScheduler, PipeScheduler, SyncScheduler
@@ -45,30 +49,40 @@ from sao.rl.rollout.core import (
     TrajectoryFinished,
 )
 from sao.rl.rollout.ledger import Ledger
+from sao.rl.rollout.lengths import LengthStats
 from sao.rl.rollout.modes import MODES, make_scheduler
+from sao.rl.rollout.routing import ROUTERS, CacheAware, Pinned, ReplicaView, RoundRobin, RouteRequest, Router, make_router
 from sao.rl.rollout.streaming import AsyncScheduler, MultiVersionScheduler
 
 __all__ = [
     "Action",
     "AsyncScheduler",
+    "CacheAware",
     "ConfigError",
     "CountingPrompts",
     "Discard",
     "Event",
     "Ledger",
     "LedgerError",
+    "LengthStats",
     "MODES",
     "MultiVersionScheduler",
     "OneStepOffScheduler",
+    "Pinned",
     "PipeScheduler",
     "Prompt",
     "PromptSource",
     "RecordFailed",
     "ReplicaDied",
     "ReplicaRestarted",
+    "ROUTERS",
     "ReplicaStatus",
+    "ReplicaView",
     "Requeue",
     "RolloutError",
+    "RoundRobin",
+    "RouteRequest",
+    "Router",
     "Scheduler",
     "SchedulerConfig",
     "StartTrajectory",
@@ -78,5 +92,6 @@ __all__ = [
     "TrainOn",
     "TrainStepDone",
     "TrajectoryFinished",
+    "make_router",
     "make_scheduler",
 ]

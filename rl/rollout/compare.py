@@ -2,7 +2,7 @@
 
 Comparisons (same workload, batch size and number of steps, hence the same sample budget):
 
-* ``async`` (and ``async_mask``) vs ``sync``: trajectories/h ratio (goal >= 3x at 256 engines,
+* ``async`` (and ``async_mask``, ``async_drop``) vs ``sync``: trajectories/h ratio (goal >= 3x at 256 engines,
   with the trainer idle <= 5%); the tokens/s ratio is reported beside it because dropping stale
   trajectories favours short ones.
 * ``multi_version`` vs ``one_step_off``: trajectories/h ratio (goal >= 1.3x).
@@ -39,6 +39,9 @@ COMPARISONS: tuple[tuple[str, str, str, str, str, float | None, str], ...] = (
     ("trajectories_per_hour_vs_sync", "async_mask", "sync", "trajectories_per_hour", "ratio", 3.0,
      "async_mask / sync trajectories/h"),
     ("tokens_per_s_vs_sync", "async_mask", "sync", "tokens_per_s", "ratio", None, "async_mask / sync trained tokens/s"),
+    ("trajectories_per_hour_vs_sync", "async_drop", "sync", "trajectories_per_hour", "ratio", 3.0,
+     "async_drop / sync trajectories/h"),
+    ("tokens_per_s_vs_sync", "async_drop", "sync", "tokens_per_s", "ratio", None, "async_drop / sync trained tokens/s"),
     ("trajectories_per_hour_vs_one_step_off", "multi_version", "one_step_off", "trajectories_per_hour", "ratio", 1.3,
      "multi_version / one_step_off trajectories/h"),
     ("rollout_to_train_end_reduction_vs_sync_grpo", "pipe", "sync_grpo", "rollout_to_train_end_s", "reduction", 0.40,
@@ -158,6 +161,7 @@ def render(grid: Grid, console) -> None:
             t.add_row(m, *(f"{grid[n][m].trajectories_per_hour:,.0f} ({grid[n][m].trainer_idle_ratio:.0%}, "
                            f"{grid[n][m].max_staleness})" for n in engines))
         console.print(t)
+    render_details(grid, console)
     t = Table(title="comparisons with the goals")
     t.add_column("comparison")
     t.add_column("goal")
@@ -181,3 +185,29 @@ def render(grid: Grid, console) -> None:
         t.add_row(label, goals[label], *cells)
     if rows:
         console.print(t)
+
+
+def render_details(grid: Grid, console) -> None:
+    """Admission, prefix cache and length bias per mode and engine count (definitions in :mod:`metrics`)."""
+    from rich.table import Table
+
+    t = Table(title="admission, prefix cache, lengths (action tokens: mean / p90, share above the median)")
+    for c in ("engines", "mode", "old-version starts", "cache hit (tokens)", "later turns hit", "moves",
+              "admitted", "generated", "trained", "dropped", "long share adm/gen/trained/dropped"):
+        t.add_column(c, justify="right" if c != "mode" else "left")
+    for n, results in grid.items():
+        for m, r in results.items():
+            L = r.lengths
+
+            def cell(name: str) -> str:
+                if not L.get(f"rollout/len_{name}_n"):
+                    return "-"
+                return f"{L[f'rollout/len_{name}_mean']:,.0f} / {L[f'rollout/len_{name}_p90']:,.0f}"
+
+            shares = "/".join(f"{L.get(f'rollout/len_{k}_long_share', 0.0):.0%}" if L.get(f"rollout/len_{k}_n") else "-"
+                              for k in ("admitted", "generated", "trained", "dropped"))
+            t.add_row(str(n), m, f"{r.old_version_starts} ({r.old_version_start_share:.1%})",
+                      f"{r.prefix_cache_hit_rate:.1%}", f"{r.prefix_turn_hit_rate:.1%}", str(r.routed_moves),
+                      cell("admitted"), cell("generated"), cell("trained"),
+                      f"{cell('dropped')} (n={int(L.get('rollout/len_dropped_n', 0))})", shares)
+    console.print(t)

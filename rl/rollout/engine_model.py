@@ -122,6 +122,13 @@ class SimEngine:
             self.epoch += 1
         return out
 
+    def remove(self, traj_id: int, now: float) -> None:
+        """Stop decoding ``traj_id`` (its trajectory is gone)."""
+        self.advance(now)
+        self._heap = [(s, t) for s, t in self._heap if t != traj_id]
+        heapq.heapify(self._heap)
+        self.epoch += 1
+
     def decoding_ids(self) -> list[int]:
         return [tid for _, tid in self._heap]
 

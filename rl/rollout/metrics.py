@@ -24,6 +24,15 @@ Times are simulated seconds; ``wall_s`` runs from the start to the end of the la
   each is re-queued or failed), and ``lost``: attempts the driver started that are neither
   trained, re-queued, failed, in flight nor waiting for the trainer, plus any counted twice.
   It must be 0.
+* ``old_version_starts``: trajectories started on a replica whose version was older than the
+  learner's at that moment (``multi_version`` with ``admit_lag > 0``; during syncs in other modes);
+  ``old_version_start_share`` = that / ``admitted``.
+* prefix cache (:mod:`sao.rl.rollout.sim_routing`): ``prefix_cache_hit_rate``: prompt tokens found
+  cached / prompt tokens presented (vLLM's definition; turn-0 prompts are misses);
+  ``prefix_turn_hit_rate``: later turns that found any of their prefix / later turns;
+  ``routed_moves``: later turns run on another replica than the turn before.
+* ``lengths``: action-token lengths of generated, trained and stale-dropped trajectories
+  (:mod:`sao.rl.rollout.lengths`: ``rollout/len_{generated,trained,dropped}_{n,mean,p50,p90,long_share}``).
 """
 
 from __future__ import annotations
@@ -71,6 +80,12 @@ class SimResult:
     failed: int
     killed: int
     lost: int
+    old_version_starts: int = 0
+    old_version_start_share: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    prefix_turn_hit_rate: float = 0.0
+    routed_moves: int = 0
+    lengths: dict[str, float] = field(default_factory=dict)
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
     sao-sim --modes sync,one_step_off,async,multi_version,pipe --engines 256 --json OUT.json
     sao-sim --engines 8,64,256,1024 --scenario paper_like --plot plots/
+    sao-sim --modes multi_version,multi_version_lag --engines 256       # admission rules side by side
+    sao-sim --modes async_drop,async_mask --engines 256                  # stale policies: lengths trained
+    sao-sim --modes async --engines 2,256 --router cache_aware --cache-tokens 60000 --flush-on-sync
 
 Writes OUT.json (shape in :mod:`sao.rl.rollout.compare`: ``{mode: metrics}`` for one engine count,
 ``{"<engines>": {mode: metrics}}`` for several), prints rich tables, and the ratios against the
@@ -18,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sao.rl.rollout.core import STALE_POLICIES, ConfigError, RolloutError
+from sao.rl.rollout.routing import ROUTERS
 from sao.rl.rollout.simconfig import SCENARIOS, scenario
 
 DEFAULT_MODES = "sync,one_step_off,async,multi_version,pipe"
@@ -47,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sao-sim", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"comma list of modes (default {DEFAULT_MODES}; also async_mask, sync_grpo); "
+                   help=f"comma list of modes (default {DEFAULT_MODES}; also async_mask, async_drop, multi_version_lag, "
+                        "sync_grpo); "
                         "pipe adds its baseline sync_grpo")
     p.add_argument("--engines", type=_int_list, default=[256], help="engine replicas, a comma list (default 256)")
     p.add_argument("--scenario", default="paper_like", choices=sorted(SCENARIOS))
@@ -58,7 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the batch with the fleet: this many trajectories per engine per step "
                         "(default: the scenario's fixed batch)")
     p.add_argument("--staleness", type=_positive, default=None, help="staleness bound k (default: the scenario's, 4)")
-    p.add_argument("--stale-policy", choices=STALE_POLICIES, default=None, help="async: drop or mask stale trajectories")
+    p.add_argument("--stale-policy", choices=STALE_POLICIES, default=None, help="async: mask (default) or drop stale trajectories")
+    p.add_argument("--trainer-tps", type=_positive, default=None,
+                   help="the trainer's tokens/s (default: the scenario's); a fast trainer makes the rollout the bottleneck")
+    p.add_argument("--admit-lag", type=_positive, default=None,
+                   help="multi_version: start new trajectories on replicas up to this many versions behind "
+                        "(default 0: newest version only, METHOD.md 2)")
+    p.add_argument("--router", choices=ROUTERS, default=None,
+                   help="where later turns run (default pinned: on the replica the trajectory started on)")
+    p.add_argument("--cache-tokens", type=_positive, default=None,
+                   help="each replica's prefix cache in tokens, LRU (default: unbounded)")
+    p.add_argument("--flush-on-sync", action="store_true", help="a weight load empties the replica's prefix cache")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--plot", type=Path, default=None, help="write timeline PNGs into this folder")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -78,9 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         config = scenario(args.scenario)
         sched = config.scheduler
         overrides = {k: v for k, v in (("batch_size", args.batch_size), ("staleness", args.staleness),
-                                       ("stale_policy", args.stale_policy)) if v is not None}
+                                       ("stale_policy", args.stale_policy), ("admit_lag", args.admit_lag))
+                     if v is not None}
         if overrides:
             config = replace(config, scheduler=replace(sched, **overrides))
+        routing = {k: v for k, v in (("router", args.router), ("cache_tokens", args.cache_tokens),
+                                     ("flush_on_sync", args.flush_on_sync or None)) if v is not None}
+        if routing:
+            config = replace(config, routing=replace(config.routing, **routing))
+        if args.trainer_tps:
+            config = replace(config, trainer=replace(config.trainer, tokens_per_s=float(args.trainer_tps)))
         if args.steps is not None:
             config = replace(config, steps=args.steps)
         modes = resolve_modes([m.strip() for m in args.modes.split(",") if m.strip()])

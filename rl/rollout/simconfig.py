@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from sao.rl.rollout.core import ConfigError, SchedulerConfig, unknown_name
+from sao.rl.rollout.routing import ROUTERS
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,36 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class RoutingConfig:
+    """Where each later turn runs, and each replica's prefix cache (:mod:`sao.rl.rollout.sim_routing`).
+
+    ``router``: ``pinned`` (every turn on the replica the scheduler admitted the trajectory on),
+    ``round_robin`` or ``cache_aware`` (:mod:`sao.rl.rollout.routing`; ``margin`` and
+    ``margin_per_ktoken`` are its margins). ``cache_tokens``: each replica's prefix cache, LRU by
+    tokens (None: unbounded). ``flush_on_sync``: a weight load empties the replica's cache when it
+    starts (what a real engine must do: cached KV was computed with the old weights; turns decoding
+    under an ``async`` sync keep going without recomputing, as the simulator always assumed). A later turn on a replica
+    holding ``c`` of its ``p`` prefix tokens prefills the other ``p - c`` at ``prefill_cost`` each.
+    The defaults (pinned, unbounded, no flush) are the simulator's model before routing existed:
+    every later turn finds its whole prefix.
+    """
+
+    router: str = "pinned"
+    cache_tokens: int | None = None
+    flush_on_sync: bool = False
+    margin: float = 0.25
+    margin_per_ktoken: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise unknown_name("router", self.router, ROUTERS)
+        if self.cache_tokens is not None and self.cache_tokens < 0:
+            raise ConfigError(f"cache_tokens must be >= 0 (or None: unbounded), got {self.cache_tokens}")
+        if self.margin < 0 or self.margin_per_ktoken < 0:
+            raise ConfigError("routing margins must be >= 0")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """A whole simulated run. ``scheduler.group_size`` is 1 (SAO); ``grpo_group_size`` is G for
     the GRPO modes (``pipe`` and ``sync_grpo``), with the same ``batch_size`` in trajectories.
@@ -110,6 +141,7 @@ class SimConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     grpo_group_size: int = 8
     micro_groups: int = 2
     steps: int = 30

@@ -15,10 +15,10 @@ k behind the learner is dropped and its prompt re-queued (``drop``), or trained 
 ``multi_version``: C1, C2 and C3 hold by construction.
 * C1: a replica changes weights only when it has nothing in flight. After a step, empty replicas
   sync at once; a replica whose version falls more than ``admit_lag`` behind, or whose load is at
-  most ``drain_below`` of its capacity, stops admitting (DRAINING) and syncs once empty; others keep
-  serving their version. New work goes to the newest version first, least-loaded replica first,
-  and overflows to older versions only while their staleness budget allows: the engines rebalance
-  across versions by load.
+  most ``drain_below`` of its capacity, stops admitting (DRAINING) and syncs once empty. New work
+  goes to the newest version only (METHOD.md 2; ``admit_lag = 0``, the default), least-loaded
+  replica first. With ``admit_lag = N > 0`` it overflows to replicas up to N versions behind while
+  their staleness budget allows (the older, lagged admission; an option).
 * C2: nothing is dropped or cut for being long.
 * C3: let ``N`` be the learner version of the next step; the j-th next step (j = 1, 2, ...) trains
   at ``N + j - 1``, so every untrained trajectory of version ``v`` must be in one of the first
@@ -249,7 +249,7 @@ class MultiVersionScheduler:
             return []
         if r.load == 0:
             return [self._sync(rid)]
-        if r.version < book.published - cfg.lag or r.load <= cfg.drain_below * cfg.max_concurrency:
+        if r.version < book.published - cfg.admit_lag or r.load <= cfg.drain_below * cfg.max_concurrency:
             r.status = ReplicaStatus.DRAINING
         return []
 
@@ -281,7 +281,7 @@ class MultiVersionScheduler:
         versions = sorted({r.version for r in book.pool if r.status is ReplicaStatus.SERVING}, reverse=True)
         out: list[Action] = []
         for v in versions:
-            if v < book.published - cfg.lag:
+            if v < book.published - cfg.admit_lag:
                 break
             room = self._room(v)
             if room <= 0:
