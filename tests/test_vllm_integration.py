@@ -106,9 +106,11 @@ def test_multi_turn_tokens_and_logprobs_match_the_server_and_the_model(vllm_serv
     async def go():
         client = _Recording(OpenAICompletionClient(vllm_server.base_url, vllm_server.model_name))
         try:
-            env = E.make("arithmetic", feedback_turns=2)  # wrong answers get feedback: several turns
+            # wrong answers get feedback: several turns. Greedy (temperature 0) pins the sample: SmolLM2-135M's
+            # greedy answer to a 4-digit product is wrong, so the episode takes the feedback turn.
+            env = E.make("arithmetic", feedback_turns=2)
             return await run_episode(env, client, ChatRenderer(tokenizer), LoopConfig(max_tokens=160, max_turns=3,
-                                     max_tokens_per_turn=48), env_name="arithmetic", task_id="mul-d4-s0-i1",
+                                     max_tokens_per_turn=48, temperature=0.0), env_name="arithmetic", task_id="mul-d4-s0-i1",
                                      seed=3), client.calls
         finally:
             await client.inner.aclose()
