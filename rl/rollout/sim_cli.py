@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the batch with the fleet: this many trajectories per engine per step "
                         "(default: the scenario's fixed batch)")
     p.add_argument("--staleness", type=_positive, default=None, help="staleness bound k (default: the scenario's, 4)")
-    p.add_argument("--stale-policy", choices=STALE_POLICIES, default=None, help="async: mask (default) or drop stale trajectories")
+    p.add_argument("--stale-policy", choices=STALE_POLICIES, default=None, help="async: drop (default) or mask stale trajectories")
     p.add_argument("--trainer-tps", type=_positive, default=None,
                    help="the trainer's tokens/s (default: the scenario's); a fast trainer makes the rollout the bottleneck")
     p.add_argument("--admit-lag", type=_positive, default=None,
