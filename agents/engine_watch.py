@@ -7,14 +7,17 @@ exited (a crash, the OOM killer, a stray ``kill -9``), the watch
 2. stops what is left of the engine's process tree (vLLM's EngineCore outlives a killed API server;
    ``VLLMServer.restart`` SIGTERMs the process group, waits, SIGKILLs it) and starts it again on
    the same port, so that the clients keep their address: at most ``max_restarts`` times, each logged;
-3. lets the episodes run again once it answers ``/health``.
+3. runs ``on_restart`` (when given: training loads the current weights into the fresh engine, which
+   starts from the weights it was launched with), then lets the episodes run again.
 
 :func:`rerun_on_death` plays one episode under the watch. An attempt that the engine's death cut is
 cancelled and dropped (never returned, so never written or counted), and the episode starts again
 from its beginning, with the same seed, on the restarted engine. An attempt that ended ``failed``
 makes the watch look at once, so that a death an episode saw first is not recorded as its result.
 With the restarts used up, :class:`EngineRestartsExhausted` ends the run: finished episodes are
-kept (they were written as they ended), and a resumed run plays the rest.
+kept (they were written as they ended), and a resumed run plays the rest. :func:`retry_on_death`
+does the same for one call that is not an episode (a weight load, a version read): it is made again
+once the engine is back when the engine died under it.
 
 Training watches its replicas in :mod:`sao.rl.replica_health`, which also re-syncs their weights.
 """
@@ -28,12 +31,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .errors import EngineError
 from .records import Trajectory
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ManagedEngine(Protocol):
@@ -65,8 +70,10 @@ class WatchConfig:
 class EngineWatch:
     """Notices a managed engine's death and brings it back (module doc). Use as ``async with``."""
 
-    def __init__(self, engine: ManagedEngine, config: WatchConfig = WatchConfig()):
+    def __init__(self, engine: ManagedEngine, config: WatchConfig = WatchConfig(), *,
+                 on_restart: Callable[[], Awaitable[None]] | None = None):
         self.engine, self.config = engine, config
+        self.on_restart = on_restart  # after each restart, before anything runs on the engine again
         self.generation = 0  # bumped at each death
         self.deaths = 0
         self.restarts = 0
@@ -133,6 +140,8 @@ class EngineWatch:
             started = time.monotonic()
             try:
                 await in_own_thread(self.engine.restart)
+                if self.on_restart is not None:
+                    await self.on_restart()
             except Exception as exc:  # noqa: BLE001 - counted as a restart; tried again while any are left
                 log.warning("restarting the engine failed: %s", exc)
                 continue
@@ -179,6 +188,30 @@ async def rerun_on_death(watch: EngineWatch | None, attempt: Callable[[], Awaita
         log.info("an episode cut by the engine's death runs again")
 
 
+async def retry_on_death(watch: EngineWatch | None, call: Callable[[], Awaitable[T]], *,
+                         grace_s: float = 2.0) -> T:
+    """``await call()``, made again once the engine is back when it raised because the engine died
+    under it; its own errors (on an engine that lives) pass through. Without a watch, one call.
+
+    A request cut by the death can fail a moment before the engine's exit is seen (the process is
+    reaped by another thread): the watch is given ``grace_s`` to see it before the error counts."""
+    if watch is None:
+        return await call()
+    while True:
+        generation = await watch.ready()
+        try:
+            return await call()
+        except Exception:
+            deadline = time.monotonic() + grace_s
+            while watch.generation == generation and time.monotonic() < deadline:
+                watch.check()
+                if watch.generation == generation:
+                    await asyncio.sleep(0.05)
+            if watch.generation == generation:
+                raise
+        log.info("a call cut by the engine's death is made again")
+
+
 async def in_own_thread(fn: Callable[[], object]) -> None:
     """``fn()`` in a daemon thread of its own. Unlike ``asyncio.to_thread``, a wait cancelled at the
     run's end leaves the thread behind without the event loop's shutdown waiting for it (a restart
@@ -208,10 +241,11 @@ async def in_own_thread(fn: Callable[[], object]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def watching(engine: ManagedEngine | None, max_restarts: int) -> AsyncIterator[EngineWatch | None]:
+async def watching(engine: ManagedEngine | None, max_restarts: int, *,
+                   on_restart: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[EngineWatch | None]:
     """An :class:`EngineWatch` over ``engine`` for the block; None when there is no managed engine."""
     if engine is None:
         yield None
         return
-    async with EngineWatch(engine, WatchConfig(max_restarts=max_restarts)) as watch:
+    async with EngineWatch(engine, WatchConfig(max_restarts=max_restarts), on_restart=on_restart) as watch:
         yield watch

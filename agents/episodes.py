@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ from sao.envs import make
 
 from .chat import ChatRenderer, Tokenizer
 from .client import CompletionClient
+from .env_calls import INFRASTRUCTURE, failure_of
 from .loop import LoopConfig, run_episode
 from .records import Trajectory
 
@@ -79,5 +82,22 @@ class EpisodeRunner:
 
     async def __call__(self, client: CompletionClient, *, task_id: str, sample: int = 0,
                        seed: int | None = None) -> Trajectory:
-        async with opened(self.env_name, self.env_kwargs) as env:
-            return await self.play(env, client, task_id=task_id, sample=sample, seed=seed)
+        started = time.monotonic()
+        try:
+            async with opened(self.env_name, self.env_kwargs) as env:
+                return await self.play(env, client, task_id=task_id, sample=sample, seed=seed)
+        except INFRASTRUCTURE as exc:  # the environment could not be made (no Docker daemon, say)
+            return unplayed(self.env_name, task_id, sample, seed, exc, time.monotonic() - started)
+
+
+def unplayed(env_name: str, task_id: str, sample: int, seed: int | None, exc: BaseException,
+             wall_s: float) -> Trajectory:
+    """The record of an episode whose environment could not even be made or closed (the Docker daemon
+    is away, say): failed, an infrastructure error with its cause, so that the run goes on and a
+    resumed evaluation plays it again."""
+    error = f"{type(exc).__name__}: {exc}"
+    return Trajectory(episode_id=uuid.uuid4().hex, env=env_name, task_id=task_id, sample=sample, seed=seed,
+                      token_ids=(), action_mask=(), logprobs=(), turns=(), messages=(), reward=0.0,
+                      terminated=False, truncated=False, status="failed", error=error,
+                      info={"correct": False, "answer": None, "error": error}, wall_s=wall_s,
+                      failure=failure_of(exc))

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import logging
-import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.table import Table
 
 from sao.agents import AgentError, Trajectory
 from sao.agents.engine_watch import EngineRestartsExhausted
+from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_as_interrupt
 from sao.envs import EnvError, entries
 
 from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
@@ -25,11 +25,6 @@ from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 from .runner import EvalConfig, EvalError, evaluate
 
 console = Console(stderr=True)
-SIGTERM_EXIT = 128 + signal.SIGTERM  # 143, as the shell reports a process ended by SIGTERM
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived: unwound like Ctrl-C (episodes cancelled, a local engine stopped, files closed)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,14 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --resume needs --output", file=sys.stderr)
         return 2
     output = args.output or Path("runs/eval") / f"{args.benchmark}-{datetime.now():%Y%m%d-%H%M%S}"
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
             return _run(args, output)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): episodes written so far are kept
-            what, code = ("terminated (SIGTERM)", SIGTERM_EXIT) if isinstance(exc, Terminated) else ("interrupted", 130)
-            console.print(f"[yellow]{what}[/]; finished episodes are in {output}; continue with "
+            console.print(f"[yellow]{interrupt_name(exc)}[/]; finished episodes are in {output}; continue with "
                           f"--resume --output {output}", soft_wrap=True)  # one line: the path stays whole
-            return code
+            return interrupt_exit_code(exc)
 
 
 def _run(args: argparse.Namespace, output: Path) -> int:
@@ -180,25 +174,6 @@ def _run(args: argparse.Namespace, output: Path) -> int:
                       "not counted as solved, and --resume will not retry them (they would fail the same way): "
                       "fix the environment (sao.envs.check_env) and evaluate into a new --output.[/]")
     return 1 if summary["infra_errors"] or summary["eval_errors"] or summary["env_errors"] else 0
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """While it is active, the first SIGTERM raises :class:`Terminated` (later ones are ignored while
-    the run unwinds); the previous handler comes back afterwards. Only the main thread can do this."""
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave SIGTERM as it is
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def default_concurrency(benchmark: str) -> int:

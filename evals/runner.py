@@ -45,14 +45,16 @@ from sao.agents import (
     Trajectory,
     run_text_episode,
 )
-from sao.agents.episodes import opened
+from sao.agents.env_calls import INFRASTRUCTURE
+from sao.agents.episodes import opened, unplayed
 from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
 from sao.agents.engine_metrics import EngineMetrics, read_metrics
 from sao.agents.engine_watch import EngineWatch, rerun_on_death, watching
+from sao.agents.interrupts import quiet_interrupts
 from sao.agents.speculative import SpeculativeConfig
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
-from sao.envs import make, resolve
+from sao.envs import EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
 from sao.envs.checker import check_episode
 from sao.envs.registry import BUILTINS
@@ -138,8 +140,11 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         kwargs["data"] = cfg.data
     try:
         env = make(entry.name, **kwargs)
-    except TypeError as exc:  # an argument this environment does not take (--tools, --env-arg, ...)
-        raise EvalError(f"{entry.name} does not accept these arguments {sorted(kwargs)}: {exc}") from exc
+    except (EnvError, *INFRASTRUCTURE):
+        raise  # a broken dataset or image map (its message says what to change), or the machine's fault
+    except Exception as exc:  # noqa: BLE001 - an argument it does not take (--env-arg), a plug-in's own bug, ...
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise EvalError(f"{entry.name}({shown}) could not be made: {type(exc).__name__}: {exc}") from exc
     try:
         limit = cfg.limit
         if limit is None and getattr(env.unwrapped, "endless", False):
@@ -182,11 +187,17 @@ def load_predictions(path: str) -> dict[str, str]:
 
     rows = load_rows(path)
     require_fields(rows, ("instance_id",), source=path)
-    out = {}
+    out: dict[str, str] = {}
     for i, row in enumerate(rows, start=1):
         if "model_patch" not in row:
             raise EvalError(f"{path}: row {i}: field 'model_patch' is missing")
-        out[str(row["instance_id"])] = row["model_patch"] or ""
+        patch, iid = row["model_patch"], str(row["instance_id"])
+        if patch is not None and not isinstance(patch, str):
+            raise EvalError(f"{path}: row {i}: 'model_patch' must be a string (a diff) or null, "
+                            f"got {type(patch).__name__}")
+        if iid in out:  # which of the two would be graded?
+            raise EvalError(f"{path}: row {i}: instance_id {iid!r} appears twice; keep one prediction per instance")
+        out[iid] = patch or ""
     return out
 
 
@@ -232,6 +243,7 @@ async def run_pairs(
 
     With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
     """
+    quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-eval itself (sao.agents.interrupts)
     env_name = resolve(cfg.benchmark).name
     semaphore = asyncio.Semaphore(cfg.concurrency)
     client: OpenAICompletionClient | OpenAIChatClient | None = None
@@ -267,8 +279,13 @@ async def run_pairs(
         return await runner.play(env, client, task_id=task_id, sample=sample, seed=seed)
 
     async def attempt(index: int, task_id: str, sample: int) -> Trajectory:
-        async with opened(env_name, env_kwargs) as env:
-            return await play(env, index, task_id, sample)
+        started = time.monotonic()
+        try:
+            async with opened(env_name, env_kwargs) as env:
+                return await play(env, index, task_id, sample)
+        except INFRASTRUCTURE as exc:  # the environment could not be made (no Docker daemon, say): recorded
+            return unplayed(env_name, task_id, sample, episode_seed(cfg.seed, index, sample), exc,
+                            time.monotonic() - started)
 
     async def one(index: int, task_id: str, sample: int, watch: EngineWatch | None) -> None:
         async with semaphore:

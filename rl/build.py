@@ -21,6 +21,8 @@ import torch
 
 from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
+from sao.agents.engine_watch import watching
+from sao.agents.interrupts import quiet_interrupts
 from sao.agents.model import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
@@ -43,6 +45,7 @@ from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.torch_thread import TorchThread, pin_caller
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
+from sao.rl.watched_sync import WatchedWeightSync
 from sao.rl.value import ValueModel
 
 log = logging.getLogger(__name__)
@@ -174,6 +177,7 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_p
 
 
 async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], thread: TorchThread) -> dict[str, Any]:
+    quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-train itself (sao.agents.interrupts)
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
     env_name = resolve(cfg.env.name).name
@@ -223,14 +227,17 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                 clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
             if cfg.rollout.mode == "sync":
+                # a managed engine that dies is restarted and given the current weights (sao.rl.watched_sync)
+                sync: Any = WatchedWeightSync(WeightSync(
+                    controls[0], RunFiles(run_dir).weights, model_name=served, keep=cfg.engine.keep_weight_versions,
+                    warn_gap=cfg.engine.probe_warn_gap, dtype=dtype, offload=thread.run))
+                sync.watch = await stack.enter_async_context(
+                    watching(engines[0].server, cfg.engine.max_restarts, on_restart=sync.restore))
                 source: RolloutSource = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
                                           env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
                                           group_size=cfg.algo.group_size,
                                           concurrency=episode_bound(cfg, cfg.rollout.concurrency),
-                                          seed=cfg.seed)
-                sync: Any = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
-                                       keep=cfg.engine.keep_weight_versions, warn_gap=cfg.engine.probe_warn_gap,
-                                       dtype=dtype, offload=thread.run)
+                                          seed=cfg.seed, watch=sync.watch)
             else:
                 source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
@@ -320,8 +327,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
 
     threads = pin_caller()
     thread = TorchThread(rank_threads(cfg, threads))
+    finished = False
     try:
-        return asyncio.run(_run(cfg, run_dir, sinks, thread))
+        result = asyncio.run(_run(cfg, run_dir, sinks, thread))
+        finished = True
+        return result
     finally:
-        thread.close()
+        thread.close(wait=finished)  # interrupted: the engines are stopped; no wait for an update in hand
         torch.set_num_threads(threads)

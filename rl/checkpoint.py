@@ -12,11 +12,23 @@ One folder per saved step, ``step_000005/``:
 
 A folder is written under a temporary name and renamed, then ``latest`` (a one-line file naming it)
 is replaced atomically, so a crash at any point leaves the previous checkpoint intact. Older
-folders beyond ``keep`` are deleted after the new one is in place.
+folders beyond ``keep`` are deleted after the new one is in place. A write that fails (a full
+disk: safetensors and ``torch.save`` raise their own errors, not ``OSError``) removes what it wrote
+and raises :class:`CheckpointError` with one line that says why, how much space is left, and which
+checkpoint ``latest`` still names.
+
+Reading: :meth:`Checkpointer.latest` returns the newest checkpoint that is readable -- every file
+present, ``state.json`` whole, each safetensors file's header covering the file, each ``.pt`` a
+whole zip archive (a truncated one has lost its central directory). A damaged newer one (copied in
+part, cut by a crash of the machine before its data reached the disk) is skipped with a warning
+that names it and why: the run resumes from the previous one, its logs are rewound to that step,
+and the steps after it run again, so nothing is lost or trained twice. When checkpoints exist but
+none is readable, resuming is refused (:class:`CheckpointError`) rather than starting over.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,6 +36,7 @@ import random
 import re
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +51,37 @@ from sao.rl.learner import Learner
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_TMP_PREFIX = ".tmp-step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or none that exists can be read; the message is one line."""
+
+
+def failed_write(exc: BaseException) -> bool:
+    """Whether ``exc`` is how a file write fails: an ``OSError``, safetensors' ``SafetensorError``, or
+    ``torch.save``'s ``RuntimeError`` ("PytorchStreamWriter failed writing file ...")."""
+    return isinstance(exc, (OSError, RuntimeError)) or type(exc).__name__ == "SafetensorError"
+
+
+def write_failure(exc: BaseException, where: Path) -> str:
+    """Why a write under ``where`` failed, in a few words: a full disk is named as such (safetensors
+    and ``torch.save`` report it in their own words), with the space left on that file system."""
+    text = " ".join(str(exc).split())
+    code = exc.errno if isinstance(exc, OSError) else None
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    full = code in (errno.ENOSPC, errno.EDQUOT) or any(
+        k in text for k in ("No space left", "StorageFull", "Disk quota")) or (free is not None and free < 2**20)
+    if full:
+        reason = "no space left on device"
+    elif isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+    return reason if free is None else f"{reason} ({free / 2**20:.0f} MiB free there)"
 
 
 @dataclass(frozen=True)
@@ -76,17 +120,63 @@ class Checkpointer:
         return sorted((int(m.group(1)), p) for p in self.root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
 
     def latest(self) -> Path | None:
+        """The newest readable checkpoint (``latest``'s, unless a newer or it is damaged: module doc);
+        None when there is none. :class:`CheckpointError` when some exist and none is readable."""
+        candidates = [p for _, p in self.steps()]
         pointer = self.root / "latest"
         if pointer.is_file():
-            folder = self.root / pointer.read_text().strip()
-            if (folder / "state.json").is_file():
+            named = self.root / pointer.read_text().strip()
+            if named in candidates:  # a newer complete folder whose pointer update failed is not trusted
+                candidates = candidates[:candidates.index(named) + 1]
+        problems = []
+        for folder in reversed(candidates):
+            problem = self.check(folder)
+            if problem is None:
+                if problems:
+                    log.warning("checkpoint(s) skipped as unreadable: %s; resuming from %s instead (the steps after "
+                                "it run again)", "; ".join(problems), folder.name)
                 return folder
-            log.warning("%s names %s, which is missing or incomplete; using the newest complete one", pointer, folder)
-        complete = [p for _, p in self.steps() if (p / "state.json").is_file()]
-        return complete[-1] if complete else None
+            problems.append(f"{folder.name}: {problem}")
+        if problems:
+            raise CheckpointError(f"no readable checkpoint in {self.root}: {'; '.join(problems)}")
+        return None
+
+    @staticmethod
+    def check(folder: Path) -> str | None:
+        """What makes ``folder`` unreadable (a missing, truncated or broken file), or None (module doc).
+        Cheap: headers and zip directories are read, not the tensors."""
+        folder = Path(folder)
+        try:
+            data = json.loads((folder / "state.json").read_text())
+            missing = [k for k in ("step", "version", "pretrain_steps", "source", "algo") if k not in data]
+            if missing:
+                return f"state.json lacks {', '.join(missing)}"
+        except FileNotFoundError:
+            return "state.json is missing"
+        except (OSError, ValueError) as exc:
+            return f"state.json is unreadable ({type(exc).__name__}: {exc})"
+        names = ["policy.safetensors", "optim.pt", "rng.pt"]
+        if (folder / "value.safetensors").exists():
+            names.append("value.safetensors")
+        for name in names:
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            try:
+                if name.endswith(".safetensors"):
+                    with safe_open(str(path), framework="pt") as f:  # its header must cover the whole file
+                        f.keys()
+                else:
+                    with zipfile.ZipFile(path) as z:  # torch.save's archive; truncated: no central directory
+                        z.namelist()
+            except Exception as exc:  # noqa: BLE001 - any failure to open is a damaged file
+                return f"{name} is truncated or damaged ({' '.join(str(exc).split())[:160]})"
+        return None
 
     def save(self, learner: Learner, state: TrainState) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(f"{_TMP_PREFIX}*"):  # left by a save that a kill cut short
+            shutil.rmtree(stale, ignore_errors=True)
         final = self.root / f"step_{state.step:06d}"
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=self.root))
         try:
@@ -105,21 +195,45 @@ class Checkpointer:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
+        except Exception as exc:
+            if not failed_write(exc):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            reason = write_failure(exc, self.root)  # before the clean-up frees the space
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"could not write checkpoint {final.name} in {self.root}: {reason}; nothing of it "
+                                  f"was kept, and {self._still_latest()}") from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         pointer_tmp = self.root / ".latest.tmp"
-        pointer_tmp.write_text(final.name + "\n")
-        os.replace(pointer_tmp, self.root / "latest")
+        try:
+            pointer_tmp.write_text(final.name + "\n")
+            os.replace(pointer_tmp, self.root / "latest")
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {final.name} is written in {self.root}, but its `latest` pointer could "
+                                  f"not be: {write_failure(exc, self.root)}; {self._still_latest()}") from exc
         for step, path in self.steps()[:-self.keep]:
             if path != final:
                 shutil.rmtree(path, ignore_errors=True)
         return final
 
+    def _still_latest(self) -> str:
+        pointer = self.root / "latest"
+        name = pointer.read_text().strip() if pointer.is_file() else None
+        if name is None:
+            return "there is no earlier checkpoint"
+        return f"the previous checkpoint {name} is the one resume=true uses"
+
     @staticmethod
     def load(folder: Path, learner: Learner) -> TrainState:
-        """Restore ``learner`` (weights, optimizers) and the RNGs from ``folder``; return the rest."""
+        """Restore ``learner`` (weights, optimizers) and the RNGs from ``folder``; return the rest.
+        :class:`CheckpointError` when a file of it cannot be read (:meth:`check` first: no file is
+        read into the learner from a folder that is damaged)."""
         folder = Path(folder)
+        problem = Checkpointer.check(folder)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {folder} cannot be resumed from: {problem}")
         _check_adapters(folder / "policy.safetensors", learner.policy, "policy")
         load_model(learner.policy, str(folder / "policy.safetensors"), strict=True)
         optim = torch.load(folder / "optim.pt", weights_only=False)

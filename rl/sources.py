@@ -15,9 +15,12 @@ responses do not report a version) after checking the engine's own label before 
 Asynchronous sources (streaming, multi-version, pipelined) implement the same two calls, so the
 trainer does not change when they arrive.
 
-Failed episodes (the engine died, the environment raised) come back in ``RolloutBatch.failed``,
+Failed episodes (the environment raised, the engine failed) come back in ``RolloutBatch.failed``,
 recorded on disk like every other episode, and are not trained on: their reward says nothing about
-the policy.
+the policy. With a managed engine, :class:`SyncRollout` takes the run's
+:class:`~sao.agents.engine_watch.EngineWatch`: an episode that the engine's death cut is not a
+result; it runs again from its start once the engine is back (serving the same version, which
+:class:`~sao.rl.watched_sync.WatchedWeightSync` loads into it), and is recorded once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from sao.agents import ChatRenderer, CompletionClient, EpisodeRunner, LoopConfig, RolloutMeta, Trajectory, VersionSpan
+from sao.agents.engine_watch import EngineWatch, rerun_on_death, retry_on_death
 from sao.rl.tasks import PromptRef, TaskStream, episode_seed
 from sao.rl.trainable import failure
 
@@ -127,8 +131,9 @@ class SyncRollout:
         concurrency: int,
         seed: int,
         on_trajectory: Callable[[Trajectory], None] = lambda t: None,
+        watch: EngineWatch | None = None,
     ):
-        self.client, self.engine = client, engine
+        self.client, self.engine, self.watch = client, engine, watch
         self.runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
         self.tasks, self.group_size, self.seed = tasks, group_size, seed
         self.on_trajectory = on_trajectory
@@ -144,9 +149,12 @@ class SyncRollout:
         return list(await asyncio.gather(*(self._episode(p, 0, self.version, probe=True) for p in prompts)))
 
     async def _episode(self, prompt: PromptRef, sample: int, version: int, *, probe: bool = False) -> Trajectory:
+        async def attempt() -> Trajectory:
+            return await self.runner(self.client, task_id=prompt.task_id, sample=sample,
+                                     seed=episode_seed(self.seed, prompt.index, sample))
+
         async with self._semaphore:
-            trajectory = await self.runner(self.client, task_id=prompt.task_id, sample=sample,
-                                           seed=episode_seed(self.seed, prompt.index, sample))
+            trajectory = await rerun_on_death(self.watch, attempt)  # a cut attempt runs again (module doc)
         turns = tuple(replace(t, policy_versions=VersionSpan.of(version)) for t in trajectory.turns)
         trajectory = replace(trajectory, turns=turns, rollout=RolloutMeta(prompt.index, version, probe=probe))
         self.on_trajectory(trajectory)
@@ -157,18 +165,24 @@ class SyncRollout:
             raise ValueError(f"batch of {n} trajectories is not a multiple of group_size {self.group_size}")
         if learner_version != self.version:
             raise RuntimeError(f"sync rollout: engine holds version {self.version}, learner is at {learner_version}")
-        before = await self.engine.weight_version() if self.engine is not None else None
+        before = await self._engine_version()
         prompts = self.tasks.take(n // self.group_size)
         t0 = time.monotonic()
         done = await asyncio.gather(*(self._episode(p, s, self.version) for p in prompts for s in range(self.group_size)))
         wall = time.monotonic() - t0
-        after = await self.engine.weight_version() if self.engine is not None else None
+        after = await self._engine_version()
         if before != after or (after is not None and after != str(self.version)):
             raise RuntimeError(f"the engine's weight version changed during a sync rollout ({before!r} -> {after!r}, "
                                f"expected {self.version}); is another trainer using this engine?")
         ok = tuple(t for t in done if failure(t) is None)
         failed = tuple(t for t in done if failure(t) is not None)
         return RolloutBatch(ok, failed, tuple(prompts), rollout_metrics(done, ok, wall))
+
+    async def _engine_version(self) -> str | None:
+        if self.engine is None:
+            return None
+        engine = self.engine
+        return await retry_on_death(self.watch, engine.weight_version)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tasks": self.tasks.state_dict(), "version": self.version}

@@ -194,6 +194,15 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
+    except Exception as exc:  # a full disk: safetensors' own error, not an OSError (sao.rl.checkpoint)
+        from sao.rl.checkpoint import CheckpointError, failed_write, write_failure
+
+        if not failed_write(exc):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        reason = write_failure(exc, root)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write weights version {version} in {root}: {reason}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -58,5 +58,8 @@ class TorchThread:
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return self._pool.submit(fn, *args, **kwargs).result()
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """Accept no more work; ``wait`` for the work in hand. ``wait=False`` when the run is being
+        interrupted (SIGTERM, Ctrl-C): the engines are stopped at once instead of after an update that
+        may take a minute, and the process then exits without joining the thread."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)

@@ -185,6 +185,7 @@ class Trainer:
         self._lineage = files.batches.open("a", encoding="utf-8")
         self.source.on_trajectory = self._record
         last: dict[str, Any] = {}
+        finished = False
         try:
             # The engine must serve exactly the learner's policy before anything is sampled.
             first = await self.weight_sync.sync(self.learner.policy, state.version, probe=cfg.engine.probe)
@@ -201,6 +202,7 @@ class Trainer:
                 sink.log(step, last)
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
                     await self.thread.run(self._save, step)
+            finished = True
         finally:
             if isinstance(self.source, ScheduledSource):
                 await self.source.aclose()
@@ -210,7 +212,7 @@ class Trainer:
             if self._writer is not None:
                 self._writer.close()
             self._lineage.close()
-            self.thread.close()
+            self.thread.close(wait=finished)  # interrupted: do not wait for an update in hand (TorchThread.close)
         return last
 
     def _eval_due(self, step: int) -> bool:

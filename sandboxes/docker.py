@@ -31,7 +31,9 @@ process exits.)
 
 Clean-up: :meth:`DockerSandbox.close` removes the container (idempotent); ``with`` closes on
 exceptions; live sandboxes are removed at interpreter exit (``atexit``; not in forked
-children). The library installs no signal handlers: Python's default SIGTERM kills the process
+children). A removal that fails because the daemon is away (restarted, say) is not forgotten:
+the container is removed when this process next starts a sandbox (the daemon answers again) or
+at its exit (waiting up to 30 s for the daemon). The library installs no signal handlers: Python's default SIGTERM kills the process
 without running ``atexit``, so a program that wants clean-up on SIGTERM should install
 ``signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))`` itself. After a SIGKILL nothing
 runs; every container carries the label ``io.sao.sandbox=<label>``, and :func:`gc` (or
@@ -193,6 +195,7 @@ class DockerSandbox:
             raise SandboxStartError(f"cannot create a container of {self.image!r}: {exc}") from exc
         self._container = container
         _registry.add(self)
+        _registry.remove_unremoved(self._client)  # the daemon answers: containers it lost track of go now
         try:
             container.start()
         except Exception as exc:  # noqa: BLE001 - API or connection error
@@ -220,8 +223,10 @@ class DockerSandbox:
             self._container.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
-        except Exception as exc:  # noqa: BLE001 - the daemon went away; gc() will find it later
-            log.warning("could not remove sandbox container %s: %s (remove it with `sao-sandbox gc`)", self.name, exc)
+        except Exception as exc:  # noqa: BLE001 - the daemon went away: removed once it answers again
+            log.warning("could not remove sandbox container %s: %s (removed when the daemon answers again, or "
+                        "with `sao-sandbox gc`)", self.name, exc)
+            _registry.unremoved(self._container.id, self.name)
         finally:
             _registry.discard(self)
             self._close_client()
@@ -468,14 +473,37 @@ def gc(label: str | None = None, client: Any = None) -> int:
             client.close()
 
 
+_EXIT_WAIT_S = 30.0  # at exit, how long to wait for an absent daemon to remove the containers it still has
+
+
 class _Registry:
     """Live sandboxes of this process, removed at interpreter exit (not in forked children)."""
 
     def __init__(self) -> None:
         self._live: dict[int, DockerSandbox] = {}
+        self._unremoved: dict[str, str] = {}  # container id -> name: closed while the daemon was away
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._hooked = False
+
+    def unremoved(self, container_id: str, name: str) -> None:
+        with self._lock:
+            self._unremoved[container_id] = name
+
+    def remove_unremoved(self, client: Any) -> None:
+        """Remove the containers whose removal failed; those the daemon still does not answer for stay listed."""
+        import docker.errors
+
+        with self._lock:
+            pending, self._unremoved = self._unremoved, {}
+        for container_id, name in pending.items():
+            try:
+                client.api.remove_container(container_id, force=True, v=True)
+                log.info("removed sandbox container %s, left when the daemon was away", name)
+            except docker.errors.NotFound:
+                pass
+            except Exception:  # noqa: BLE001 - still away: try again later
+                self.unremoved(container_id, name)
 
     def add(self, sandbox: DockerSandbox) -> None:
         with self._lock:
@@ -499,9 +527,26 @@ class _Registry:
                 sandbox.close()
             except Exception as exc:  # noqa: BLE001
                 log.warning("at exit: could not close %r: %s", sandbox, exc)
+        if self._unremoved:
+            deadline = time.monotonic() + _EXIT_WAIT_S
+            while True:  # a restarting daemon answers again within seconds
+                try:
+                    client = connect()
+                    break
+                except DockerUnavailableError as exc:
+                    if time.monotonic() > deadline:
+                        log.warning("at exit: %d sandbox container(s) could not be removed (no daemon for %.0f s: "
+                                    "%s); remove them with `sao-sandbox gc`", len(self._unremoved), _EXIT_WAIT_S, exc)
+                        return
+                    time.sleep(1.0)
+            try:
+                self.remove_unremoved(client)
+            finally:
+                client.close()
 
     def _forget(self) -> None:
         self._live = {}
+        self._unremoved = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
 

@@ -1,6 +1,6 @@
 """The engine watch of ``sao-eval`` (issue 14): a managed engine that dies mid-run is restarted, and the
 episodes it cut run again, once each in the results. Fast: a fake engine over the scripted server,
-whose ``kill()`` is the engine's process dying (the real vLLM: ``tests/test_eval_engine_restart.py``)."""
+whose ``kill()`` is the engine's process dying (the real vLLM: ``tests/faults/test_eval_faults.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import sao.envs as E
 from sao.agents import Trajectory
 from sao.agents.endpoint import Endpoint
-from sao.agents.engine_watch import EngineRestartsExhausted, EngineWatch, WatchConfig, rerun_on_death
+from sao.agents.engine_watch import EngineRestartsExhausted, EngineWatch, WatchConfig, rerun_on_death, retry_on_death
 from sao.agents.fake_server import FakeServer, Reply
 from sao.agents.records import ENV_ERROR, INFRA_ERROR
 from sao.agents.store import TrajectoryWriter, read_trajectories
@@ -219,3 +219,46 @@ def test_without_a_managed_engine_one_attempt_and_its_errors_pass_through():
         asyncio.run(watched_boom())
     with pytest.raises(ValueError, match="max_restarts"):
         WatchConfig(max_restarts=-1)
+
+
+def test_a_call_cut_by_the_death_is_made_again_once_the_restart_hook_ran_and_a_live_engines_error_passes():
+    engine, calls, hooked = Process(), [], []
+
+    async def hook() -> None:
+        hooked.append(len(calls))  # runs after the restart, before the call is made again
+
+    async def call() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            engine.running = False  # died under it; its process exit is seen a moment later at most
+            raise ConnectionError("reset")
+        return "done"
+
+    async def live_error() -> str:
+        raise ConnectionError("refused, on a live engine")
+
+    async def go() -> str:
+        async with EngineWatch(engine, WatchConfig(interval_s=3600), on_restart=hook) as watch:
+            assert await retry_on_death(watch, call) == "done"
+            with pytest.raises(ConnectionError, match="live engine"):
+                await retry_on_death(watch, live_error, grace_s=0.1)
+            return "ok"
+
+    assert asyncio.run(go()) == "ok" and len(calls) == 2 and hooked == [1] and engine.restarts == 1
+
+
+def test_a_failing_restart_hook_counts_as_a_failed_restart():
+    engine, hooks = Process(), []
+
+    async def hook() -> None:
+        hooks.append(1)
+        if len(hooks) == 1:
+            raise RuntimeError("the weights did not load")
+
+    async def go() -> int:
+        async with EngineWatch(engine, WatchConfig(interval_s=3600, max_restarts=3), on_restart=hook) as watch:
+            engine.running = False
+            watch.check()
+            return await watch.ready()
+
+    assert asyncio.run(go()) == 1 and engine.restarts == 2 and len(hooks) == 2

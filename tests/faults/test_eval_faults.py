@@ -6,6 +6,7 @@ and leaves no vLLM process behind. The kill is a SIGKILL of vLLM's API server on
 harder than killing its process group, because the group's EngineCore outlives the API server and
 must be ended by the run (it lived on for 2 minutes before). One real start and one restart: about
 3-5 minutes on 2 cores. The watch's logic is tested fast in ``tests/test_engine_watch.py``.
+(Moved here from ``tests/test_eval_engine_restart.py``.)
 """
 
 from __future__ import annotations
@@ -14,50 +15,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.faults.procs import API_SERVER, SAO_EVAL, count_lines, running, vllm_processes
 from tests.test_engine import require_vllm
-
-SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
-API_SERVER = "vllm.entrypoints.openai.api_server"
-
-
-def _vllm_processes(root: int) -> dict[int, object]:
-    """The vLLM processes under ``root`` (API server, EngineCore, workers), by pid, as psutil processes."""
-    import psutil
-
-    try:
-        tree = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return {}
-    found = {}
-    for p in tree:
-        try:
-            if "vllm" in " ".join(p.cmdline()).lower() or p.name().startswith("VLLM"):
-                found[p.pid] = p
-        except psutil.Error:
-            pass
-    return found
-
-
-def _running(p: object) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE  # type: ignore[attr-defined]
-    except psutil.Error:
-        return False
-
-
-def _lines(path: Path) -> int:
-    try:
-        return sum(1 for line in path.read_text().splitlines() if line.strip())
-    except OSError:
-        return 0
 
 
 @pytest.mark.vllm
@@ -74,15 +38,15 @@ def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_pat
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, "sao-eval did not finish in 25 minutes"
-            seen |= _vllm_processes(proc.pid)
-            done = _lines(out / "trajectories.jsonl")
+            seen |= vllm_processes(proc.pid)
+            done = count_lines(out / "trajectories.jsonl")
             if not killed and done >= 4:
                 assert done < 32, "every episode ended before the kill; nothing was in flight"
                 killed = dict(seen)
                 server = next(pid for pid, p in killed.items() if API_SERVER in " ".join(p.cmdline()))  # type: ignore[attr-defined]
                 os.kill(server, signal.SIGKILL)  # the API server only: its EngineCore is left to the run
                 killed_at = time.monotonic()
-            if killed and any(_running(p) for p in killed.values()):
+            if killed and any(running(p) for p in killed.values()):
                 assert time.monotonic() - killed_at < 60, "the dead engine's EngineCore outlived it by a minute"
             time.sleep(0.5)
     finally:
@@ -105,7 +69,7 @@ def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_pat
     assert all(len(r["correct"]) == 2 for r in results)
 
     time.sleep(1.0)
-    left = [pid for pid, p in seen.items() if _running(p)]
+    left = [pid for pid, p in seen.items() if running(p)]
     for pid in left:  # ours: do not leak them into the next test
         os.kill(pid, signal.SIGKILL)
     assert not left, f"vLLM processes of the run outlived it: {left}"
