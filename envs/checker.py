@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
-import numbers
 import random
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -31,7 +29,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from .core import FINAL_INFO_KEYS, AssistantMessageSpace, MessagesSpace, TextEnv
+from .core import FINAL_INFO_KEYS, AssistantMessageSpace, MessagesSpace, TextEnv, reward_problem
 
 DETERMINISM_SEEDS = 3  # seeds checked, each reset twice under different global random states
 _MESSAGES = MessagesSpace()
@@ -44,16 +42,6 @@ class EnvConformanceError(AssertionError):
 
 
 # -- return values ------------------------------------------------------------------------------
-
-
-def reward_problem(reward: Any) -> str | None:
-    """Why ``reward`` is not a reward (a finite real number: int or float, numpy's included; not a
-    bool, not a string), or None."""
-    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
-        return f"reward must be a real number (int or float), got {type(reward).__name__} {reward!r:.60}"
-    if not math.isfinite(reward):
-        return f"reward must be finite, got {reward!r}"
-    return None
 
 
 def reset_problem(out: Any) -> str | None:
@@ -249,8 +237,8 @@ def _episode(env: gym.Env, need: Need, *, max_steps: int, seed: int | None = Non
 
 @contextlib.contextmanager
 def _returned(env: gym.Env) -> Iterator[list[Any]]:
-    """What a :class:`TextEnv`'s ``_respond`` returned, call by call: ``TextEnv.step`` converts the
-    reward with ``float()``, which would let ``"1"`` or ``True`` through unseen."""
+    """What a :class:`TextEnv`'s ``_respond`` returned, call by call: ``TextEnv.step`` unpacks it, so a
+    4-tuple would fail there with Python's unpacking message instead of the contract's."""
     base, raw = env.unwrapped, []
     if not isinstance(base, TextEnv):
         yield raw

@@ -6,7 +6,8 @@ Everything else is Gymnasium's contract, exactly:
 
 * ``reset(*, seed=None, options=None) -> (observation, info)``; ``options={"task_id": ...}``
   selects a task, otherwise one is drawn with ``self.np_random``.
-* ``step(action) -> (observation, reward, terminated, truncated, info)``. ``terminated`` means
+* ``step(action) -> (observation, reward, terminated, truncated, info)``; the reward is a finite real
+  number (:func:`reward_problem`: a string or a bool is refused, not converted). ``terminated`` means
   the task reached an end state (answer graded, patch submitted); ``truncated`` means it was cut
   (step limit) and a learner should bootstrap.
 * The final ``info`` always holds ``correct`` (bool), ``answer`` (what was graded, or None) and
@@ -19,9 +20,12 @@ chat template already speaks.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 Message = dict[str, Any]
@@ -93,6 +97,16 @@ def _is_tool_call(c: Any) -> bool:
     return isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
 
 
+def reward_problem(reward: Any) -> str | None:
+    """Why ``reward`` is not a reward (a finite real number: int or float, numpy's included; not a
+    bool, not a string), or None."""
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
+        return f"reward must be a real number (int or float), got {type(reward).__name__} {reward!r:.60}"
+    if not math.isfinite(reward):
+        return f"reward must be finite, got {reward!r}"
+    return None
+
+
 def as_action(action: Any) -> Message:
     """Accept a bare string as shorthand for an assistant message; reject anything else malformed.
 
@@ -161,6 +175,8 @@ class TextEnv(gym.Env):
         action = as_action(action)
         self.transcript.append(action)
         obs, reward, terminated, truncated, info = self._respond(action)
+        if (problem := reward_problem(reward)) is not None:  # float() would turn "1" or True into 1.0
+            raise ValueError(f"{type(self).__name__}._respond: {problem}")
         self.transcript.extend(obs)
         self._done = terminated or truncated
         if self._done:

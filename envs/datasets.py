@@ -8,13 +8,16 @@ A *source* is one of:
 
 Rows come back as plain dicts. :func:`require_fields` checks the fields a benchmark needs and
 fails on the first bad row with a message naming the source, the row (1-based, header excluded)
-and the field, because a benchmark with a silently skipped row reports a wrong score.
+and the field, because a benchmark with a silently skipped (or silently converted) row reports a
+wrong score.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,16 +41,22 @@ def load_rows(source: str | Path, *, split: str = "test") -> list[dict[str, Any]
 
 
 def require_fields(rows: Iterable[dict[str, Any]], fields: Iterable[str], *, source: str) -> None:
-    """Fail on the first row where one of ``fields`` is missing, null/NaN or blank."""
+    """Fail on the first row where one of ``fields`` is missing, null/NaN or blank, or is not text or a
+    number (a list, an object or a bool would be graded as its printed form)."""
     fields = tuple(fields)
     for i, row in enumerate(rows, start=1):
         for field in fields:
-            if is_blank(row.get(field)):
+            value = row.get(field)
+            if is_blank(value):
                 state = "missing" if field not in row else "empty"
-                raise DatasetError(
-                    f"{source}: row {i}: field {field!r} is {state}"
-                    f" (row starts {json.dumps(_preview(row), ensure_ascii=False)[:160]})"
-                )
+            elif isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+                state = f"a {type(value).__name__}, not text or a number"
+            else:
+                continue
+            raise DatasetError(
+                f"{source}: row {i}: field {field!r} is {state}"
+                f" (row starts {json.dumps(_preview(row), ensure_ascii=False)[:160]})"
+            )
 
 
 def is_blank(value: Any) -> bool:
@@ -76,16 +85,32 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
             if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
                 raise DatasetError(f"{path}: expected a JSON list of objects")
             return data
-        if suffix in (".csv", ".parquet"):
+        if suffix == ".csv":
+            return _read_csv(path)
+        if suffix == ".parquet":
             import pandas as pd
 
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False) if suffix == ".csv" else pd.read_parquet(path)
-            return frame.to_dict(orient="records")
+            return pd.read_parquet(path).to_dict(orient="records")
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - any parser error becomes a DatasetError naming the file
-        raise DatasetError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from exc
+        raise DatasetError(f"{path}: cannot read ({type(exc).__name__}: {str(exc).strip()})") from exc
     raise DatasetError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(SUFFIXES)}")
+
+
+def _read_csv(source: str | Path) -> list[dict[str, Any]]:
+    """Every row as text. A row with more fields than the header is refused: pandas would take its
+    first fields for an index (or drop its last ones), and every column after them would shift."""
+    import pandas as pd
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # "loss of data": a row longer than the header
+        try:
+            frame = pd.read_csv(source, dtype=str, keep_default_na=False, index_col=False)
+        except pd.errors.ParserWarning as exc:
+            raise DatasetError(f"{source}: a row has more fields than the header (a field with an unquoted "
+                               "comma?)") from exc
+    return frame.to_dict(orient="records")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -110,8 +135,8 @@ def _read_url(url: str) -> list[dict[str, Any]]:
     suffix = Path(url.split("?", 1)[0]).suffix.lower()
     try:
         if suffix == ".csv":
-            frame = pd.read_csv(url, dtype=str, keep_default_na=False)
-        elif suffix == ".parquet":
+            return _read_csv(url)
+        if suffix == ".parquet":
             frame = pd.read_parquet(url)
         elif suffix in (".jsonl", ".json"):
             frame = pd.read_json(url, lines=suffix == ".jsonl", dtype=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,8 @@ class TaskList:
         self._tasks = tuple(tasks)
         self._by_id = {t.task_id: t for t in self._tasks}
         if len(self._by_id) != len(self._tasks):
-            raise DatasetError(f"{name}: duplicate task ids")
+            twice = next(i for i, n in Counter(t.task_id for t in self._tasks).items() if n > 1)
+            raise DatasetError(f"{name}: duplicate task id {twice!r}; each task needs its own id")
 
     def __len__(self) -> int:
         return len(self._tasks)

@@ -181,3 +181,22 @@ def restore_engine(vllm_server, engine_model_dir):  # type: ignore[no-untyped-de
     engine_call(vllm_server, restore)
     after = engine_probe(vllm_server)
     assert max(abs(a - b) for a, b in zip(before, after, strict=True)) < 1e-3, "original weights not restored"
+
+
+BAD_INPUT_TABLE = "test_bad_inputs.py::test_bad_input["
+
+
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+    """Issue 14 (R2): the number of kinds of bad input that the table in ``test_bad_inputs.py`` ran."""
+    outcomes: dict[str, str] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            if BAD_INPUT_TABLE in nodeid and getattr(report, "when", None) in ("setup", "call"):
+                kind = nodeid.split(BAD_INPUT_TABLE, 1)[1].rstrip("]")
+                if getattr(report, "when", None) == "call" or kind not in outcomes:
+                    outcomes[kind] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    if outcomes:
+        counts = ", ".join(f"{sum(o == name for o in outcomes.values())} {name}"
+                           for name in ("passed", "failed", "xfailed", "skipped") if name in outcomes.values())
+        terminalreporter.write_line(f"bad-input table: {len(outcomes)} kinds ({counts})")

@@ -58,7 +58,9 @@ The diff
 Errors: agent failures vs infrastructure (``info["error"]``)
     Agent failures are graded 0.0 with ``error=None``, and ``info["report"]["status"]`` says what
     happened: an empty diff (``empty_patch``, no container is started), a diff that applies
-    neither with ``git apply`` nor with ``patch --fuzz`` (``patch_failed``), a diff over
+    neither with ``git apply`` nor with ``patch --fuzz``, or that touches a path outside the
+    repository or in ``.git`` (refused by :func:`patch_problem` before a container starts)
+    (``patch_failed``), a diff over
     ``max_patch_bytes`` (``patch_too_large``), a working tree whose diff cannot be taken because
     the agent broke the repository (``diff_failed``), tests that fail (``unresolved``).
     Infrastructure errors set ``error`` (and status ``error``): the grading container does not
@@ -109,6 +111,7 @@ from .grading import (
     grade_report,
     instance_report,
     patch_files,
+    patch_problem,
 )
 from .images import (
     ImageResolver,
@@ -152,7 +155,7 @@ __all__ = [
     "TESTBED", "WorkspaceError", "prepare_workspace", "shell", "take_diff",
     # grading
     "END_TEST_OUTPUT", "START_TEST_OUTPUT", "GradeResult", "eval_script", "grade_patch", "grade_report",
-    "grade_prediction", "instance_report", "patch_files",
+    "grade_prediction", "instance_report", "patch_files", "patch_problem",
     # tools
     "BASH_TOOL", "EDITOR_TOOL", "MAX_EDITOR_BYTES", "NO_TOOL_CALL", "SUBMIT_TOOL", "SYSTEM_PROMPT", "TOOLS",
     "USER_TEMPLATE", "ToolError", "Workspace", "clip",

@@ -3,6 +3,8 @@ grading (not to be confused with :mod:`sao.envs.grading`, the math answers' grad
 
 from __future__ import annotations
 
+import codecs
+import posixpath
 import shlex
 import time
 from collections.abc import Mapping
@@ -83,6 +85,67 @@ def patch_files(patch: str) -> tuple[list[str], list[str]]:
         else:
             existing.append(source)
     return existing, created
+
+
+_SYMLINK_MODE = "120000"
+
+
+def patch_problem(patch: bytes | str) -> str | None:
+    """Why a diff must not reach the grading container (None when it may go): it names no file, or a
+    file outside the repository (an absolute path, a ``..`` component), inside ``.git`` (a hook there
+    would run while the tests are reset), or it makes a symbolic link that points out of the
+    repository. A diff that cannot be parsed is left to ``git apply`` and ``patch`` to refuse."""
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
+    text = patch.decode("utf-8", errors="replace") if isinstance(patch, bytes) else patch
+    try:
+        files = PatchSet(text)
+    except UnidiffParseError:
+        return None
+    if not files:
+        return "the diff names no file (it is not a unified diff)"
+    for f in files:
+        header = [str(line).rstrip("\n") for line in f.patch_info or ()]  # None: no git header
+        names = [_unquote(n) for n in (f.source_file, f.target_file) if n != "/dev/null"]
+        names = [n[2:] if n[:2] in ("a/", "b/") else n for n in names]
+        names += [_unquote(line.split(" ", 2)[2]) for line in header
+                  if line.startswith(("rename from ", "rename to ", "copy from ", "copy to "))]
+        for name in names:
+            if (problem := _path_problem(name)) is not None:
+                return problem
+        if names and _makes_symlink(header):
+            target = "".join(line.value for hunk in f for line in hunk if line.is_added).strip()
+            where = posixpath.normpath(posixpath.join(posixpath.dirname(names[-1]), target))
+            if target and _path_problem(where) is not None:
+                return f"{names[-1]!r} becomes a symbolic link to {target!r}, out of the repository's files"
+    return None
+
+
+def _makes_symlink(header: list[str]) -> bool:
+    """A file section's header creates a symbolic link, or changes one (mode 120000 on both sides)."""
+    return any(line in (f"new file mode {_SYMLINK_MODE}", f"new mode {_SYMLINK_MODE}")
+               or (line.startswith("index ") and line.endswith(f" {_SYMLINK_MODE}")) for line in header)
+
+
+def _unquote(name: str) -> str:
+    """A file name as git writes it: C-quoted (``"a/caf\\303\\251"``) when it has unusual characters."""
+    name = name.strip()
+    if len(name) > 1 and name[0] == name[-1] == '"':
+        try:
+            return codecs.escape_decode(name[1:-1].encode("utf-8"))[0].decode("utf-8", errors="replace")
+        except ValueError:  # a malformed escape: as written
+            return name
+    return name
+
+
+def _path_problem(path: str) -> str | None:
+    parts = path.split("/")
+    if path.startswith("/") or ".." in parts:
+        return f"the diff touches {path!r}, outside the repository"
+    if any(part.lower() == ".git" for part in parts):
+        return f"the diff touches {path!r}, inside .git"
+    return None
 
 
 def _test_spec(inst: SWEInstance, eval_lines: list[str]) -> Any:
@@ -254,6 +317,9 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
     agent's code runs there (the tests import it), and could otherwise read the fix from the
     repository's later history (``git log --all``, tags) while the tests run.
 
+    A diff that :func:`patch_problem` refuses (a path outside the repository or in ``.git``, a symbolic
+    link out of it) is ``patch_failed`` before any container starts.
+
     A test run that holds too few of the instance's tests to judge anything (:func:`test_run_broken`)
     is run once more without the diff. When the base code's run is as broken, the image cannot run
     its tests: status ``eval_error`` (``GradeResult.eval_error``), never a silent "unresolved". When
@@ -273,6 +339,8 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
 
     if not patch.strip():
         return done("empty_patch")
+    if (refused := patch_problem(patch)) is not None:  # the agent's doing: no container needed to say so
+        return done("patch_failed", _TestRun(apply_output=f"refused before applying: {refused}"))
     try:
         script, test_spec, parser = eval_script(inst)
         existing, created = patch_files(inst.test_patch)
@@ -310,6 +378,11 @@ def grade_prediction(env: SWEBenchEnv, task_id: str, patch: str) -> dict[str, An
     base = {"task_id": inst.instance_id, "instance_id": inst.instance_id, "repo": inst.repo, "steps": 0,
             "answer": patch or None, "patch": patch, "exit_status": "grade_only"}
     flags = {"patch_is_none": not patch, "patch_exists": bool(patch.strip())}
+    size = len(patch.encode("utf-8"))
+    if size > env.max_patch_bytes:  # as an episode's diff is (workspace.take_diff)
+        return {**base, "correct": False, "error": None, "report": instance_report(
+            inst.instance_id, "patch_too_large", **flags,
+            detail=f"the diff has {size} bytes, over max_patch_bytes={env.max_patch_bytes}")}
     try:
         image = env.resolve_image(inst)
     except Exception as exc:  # noqa: BLE001 - no image is an infrastructure error of this instance
