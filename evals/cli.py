@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import sys
 from datetime import datetime
@@ -19,6 +18,7 @@ from sao.agents import AgentError, Trajectory
 from sao.agents.engine_watch import EngineRestartsExhausted
 from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_as_interrupt
 from sao.envs import EnvError, entries
+from sao.envs.cli import env_args
 
 from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 
@@ -88,16 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _env_args(pairs: list[str], **flags: Any) -> dict[str, Any]:
-    out = {k: v for k, v in flags.items() if v is not None}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise EvalError(f"--env-arg expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    """The flags that are set, then ``--env-arg`` pairs as sao-env reads them (sao.envs.cli.env_args)."""
+    try:
+        parsed = env_args(pairs)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    return {**{k: v for k, v in flags.items() if v is not None}, **parsed}
 
 
 def main(argv: list[str] | None = None) -> int:
