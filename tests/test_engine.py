@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import sao.agents.engine as engine_mod
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig, free_port
 from sao.agents.errors import EngineError, EngineStartError
 from sao.agents.model import is_prepared, prepare_model, resolve_model
@@ -157,10 +158,14 @@ def test_start_timeout_stops_what_was_started(tmp_path: Path) -> None:
     port = free_port()
     config = VLLMServerConfig(model=str(tmp_path), port=port, startup_timeout_s=3.0, log_path=tmp_path / "s.log")
     server = VLLMServer(config)
+    # Another test's server (a session fixture) may hold the guard: compare with the state before.
+    handler_before, users_before = signal.getsignal(signal.SIGTERM), engine_mod._SIGTERM_GUARD._users
     with pytest.raises(EngineStartError, match="not healthy after 3 s"):
         server.start()
     assert not _vllm_pids_on_port(port) and not server.running
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the SIGTERM guard was taken down
+    # the failed start gave back its hold on the SIGTERM guard
+    assert engine_mod._SIGTERM_GUARD._users == users_before
+    assert signal.getsignal(signal.SIGTERM) is handler_before
 
 
 # --------------------------------------------------------------------------- clean stop
