@@ -1,5 +1,8 @@
 """What a vLLM server says about itself on its Prometheus endpoint (``GET /metrics``), as a typed record.
 
+:func:`combined` adds several servers' readings up (replicas); :mod:`.engine_meter` takes their growth
+window by window.
+
 Counters (totals since the server started; :meth:`EngineMetrics.since` gives one window's share):
 * speculative decoding: drafts, draft tokens and accepted draft tokens
   (``vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}``), zero when it is off;
@@ -14,6 +17,7 @@ engine core, for instance); samples are summed over labels, but KV-cache usage i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 _COUNTERS = {
@@ -73,6 +77,15 @@ class EngineMetrics:
         out |= {"spec_acceptance": self.spec_acceptance, "spec_accepted_per_draft": self.spec_accepted_per_draft,
                 "prefix_cache_hit_rate": self.prefix_cache_hit_rate}
         return out
+
+
+def combined(readings: Sequence[EngineMetrics]) -> EngineMetrics:
+    """Several engines as one: counters and request counts summed, KV-cache usage averaged (an empty
+    sequence gives the zero reading)."""
+    if not readings:
+        return EngineMetrics()
+    total = {name: sum(getattr(r, name) for r in readings) for name in (*_COUNTERS, "running", "waiting")}
+    return EngineMetrics(**total, kv_cache_usage=sum(r.kv_cache_usage for r in readings) / len(readings))
 
 
 def parse_metrics(text: str) -> EngineMetrics:

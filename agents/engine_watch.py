@@ -92,6 +92,16 @@ class EngineWatch:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    @property
+    def serving(self) -> bool:
+        """Whether the engine takes requests now (not being brought back, restarts not used up)."""
+        return self._serving.is_set() and self._gave_up is None
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether it died with its restarts used up: it never serves again."""
+        return self._gave_up is not None
+
     async def ready(self) -> int:
         """Wait until the engine serves; return its generation. :class:`EngineRestartsExhausted` when
         it never will again."""
@@ -202,14 +212,20 @@ async def retry_on_death(watch: EngineWatch | None, call: Callable[[], Awaitable
         try:
             return await call()
         except Exception:
-            deadline = time.monotonic() + grace_s
-            while watch.generation == generation and time.monotonic() < deadline:
-                watch.check()
-                if watch.generation == generation:
-                    await asyncio.sleep(0.05)
-            if watch.generation == generation:
+            if not await died_since(watch, generation, grace_s):
                 raise
         log.info("a call cut by the engine's death is made again")
+
+
+async def died_since(watch: EngineWatch, generation: int, grace_s: float = 2.0) -> bool:
+    """Whether the engine died after ``generation`` was read, giving the watch up to ``grace_s`` to see
+    a death that a failed request saw first (the process is reaped by another thread)."""
+    deadline = time.monotonic() + grace_s
+    while watch.generation == generation and time.monotonic() < deadline:
+        watch.check()
+        if watch.generation == generation:
+            await asyncio.sleep(0.05)
+    return watch.generation != generation
 
 
 async def in_own_thread(fn: Callable[[], object]) -> None:

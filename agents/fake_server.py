@@ -13,6 +13,7 @@ echoes ``prompt_token_ids`` and ``token_ids`` on ``/v1/completions`` as vLLM doe
 ``/v1/chat/completions`` answers as hosted APIs do: text, native ``tool_calls`` (a reply's
 ``tool_calls``) and ``usage`` (unless ``usage=False``), and never token ids. ``chat_only=True``
 makes the server a hosted chat model: ``/v1/completions`` answers 404 without taking a reply.
+``metrics`` (a callable returning Prometheus text) serves ``GET /metrics`` as vLLM does (404 without).
 The responder of a chat request gets the messages rendered as ChatML text (tool calls included).
 Note that ``sao-eval``'s ``--endpoint-mode auto`` probe is a ``/v1/completions`` request: on a
 server that is not ``chat_only`` it takes a reply like any other request.
@@ -58,6 +59,7 @@ class FakeServer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0  # 0: a free one (kept across kill() and restart())
     chat_only: bool = False  # /v1/completions answers 404, as for a hosted chat model
+    metrics: Callable[[], str] | None = None  # GET /metrics answers its Prometheus text; None: 404
 
     def __post_init__(self) -> None:
         self._script = deque(self.script)
@@ -197,6 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path in ("/health", "/v1/health"):
             self._send(200, b"{}")
+        elif self.path == "/metrics" and self.fake.metrics is not None:
+            self._send(200, self.fake.metrics().encode(), "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [{"id": self.fake.model, "object": "model"}]}).encode())
         else:

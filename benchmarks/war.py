@@ -1,6 +1,7 @@
-"""WAR, part 1: suffix decoding against plain decoding on one replica, on real multi-turn agent traces.
+"""WAR: suffix decoding on one replica, and cache-aware routing over two, on real multi-turn agent traces.
 
-    python benchmarks/war.py [--traces runs/war/traces.jsonl] [--levels 1,4,16,64] [--group G] [--temperature T]
+    python benchmarks/war.py [--arms suffix,routing] [--traces runs/war/traces.jsonl] [--levels 1,4,16,64]
+                             [--group G] [--temperature T] [--route-episodes 64] [--route-concurrency 64]
 
 1. Traces. SmolLM2-135M plays arithmetic with the ``python`` tool (and one feedback turn after a
    wrong answer) on a plain engine; every model call of every episode is one request: its prompt
@@ -17,7 +18,12 @@
    draft acceptance (accepted / draft tokens) read from the engine's ``/metrics`` over the level;
    and the calibration a load-aware switch would use: the largest level up to which suffix never lost.
 
-Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level.
+4. Routing (``--arms routing``, :mod:`war_routing`): the same traces as episodes, replayed at high load
+   over 2 replicas through the project's routing client, cache-aware against round-robin: tokens/s and
+   the prefix-cache hit rate side by side.
+
+Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level;
+cache-aware >= 1.2x round-robin at high load.
 The load-aware arm is not here: vLLM 0.32's per-batch-size schedule, the natural switch, kills the
 engine with suffix decoding (its proposer asserts a fixed draft length; seen at the threshold).
 The machine is shared and has 2 cores: absolute numbers are noisy, the ratios within one run less so.
@@ -27,9 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +176,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", type=Path, default=Path("runs/war/traces.jsonl"))
     p.add_argument("--episodes", type=int, default=160, help="episodes to record when --traces does not exist")
+    p.add_argument("--arms", default="suffix,routing",
+                   help="what to measure: suffix (one replica, by concurrency), routing (2 replicas, cache-aware "
+                        "vs round-robin); default both")
     p.add_argument("--levels", default="1,4,16,64")
     p.add_argument("--warmup", type=int, default=16, help="requests each engine answers before the levels")
     p.add_argument("--temperature", type=float, default=1.0, help="replay sampling (default 1.0, as in training)")
     p.add_argument("--group", type=int, default=1, help="samples of each prompt in a row (default 1: all distinct)")
+    p.add_argument("--route-episodes", type=int, default=64, help="routing: recorded episodes each router replays")
+    p.add_argument("--route-concurrency", type=int, default=64, help="routing: episodes in flight (high load)")
+    p.add_argument("--route-block-size", type=int,
+                   help="routing: the replicas' KV block size, the prefix cache's unit (default: vLLM's, 128 on the CPU)")
     p.add_argument("--out", type=Path, default=Path("runs/war"))
     args = p.parse_args()
     console = Console(width=150)
-    levels = [int(c) for c in args.levels.split(",")]
+    arms = {a.strip() for a in args.arms.split(",") if a.strip()}
+    if not arms or arms - {"suffix", "routing"}:
+        raise SystemExit(f"--arms takes suffix and/or routing, got {args.arms!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     model = ensure_model(MODEL)
 
@@ -196,6 +212,17 @@ def main() -> None:
     turns = [len(r.prompt) for r in requests]
     console.print(f"{len(requests)} requests, prompts {min(turns)}-{max(turns)} tokens "
                   f"(mean {sum(turns) / len(turns):.0f})")
+    report: dict[str, Any] = {}
+    if "suffix" in arms:
+        report |= suffix_arms(args, model, requests, console)
+    if "routing" in arms:
+        report["routing"] = routing_arms(args, model, requests, console)
+    (args.out / "war.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def suffix_arms(args: argparse.Namespace, model: str, requests: list[Request], console: Console) -> dict[str, Any]:
+    """Part 1: suffix decoding against plain decoding on one replica, by concurrency."""
+    levels = [int(c) for c in args.levels.split(",")]
     warm, per_level = slices(requests, levels, args.warmup, args.group)
 
     def arm(name: str, speculative: SpeculativeConfig) -> list[Level]:
@@ -228,7 +255,44 @@ def main() -> None:
                   if threshold is not None else "calibration for a load-aware switch: plain decoding everywhere "
                   "(suffix never won)")
     console.print("target load-aware >= 0.95x at every level: not measured (no switch; see the module doc)")
-    (args.out / "war.json").write_text(json.dumps({"levels": rows, "threshold": threshold}, indent=2) + "\n")
+    return {"levels": rows, "threshold": threshold}
+
+
+def routing_arms(args: argparse.Namespace, model: str, requests: list[Request], console: Console) -> dict[str, Any]:
+    """Part 2 (:mod:`war_routing`): 2 replicas, cache-aware against round-robin, the same episodes."""
+    from war_routing import TARGET, episodes_of, routing_rows, run_routing
+
+    from sao.agents.fleet import cpu_share
+
+    episodes = episodes_of(requests)
+    warm, chosen = episodes[:8], episodes[8:8 + args.route_episodes]
+    if len(chosen) < args.route_episodes:
+        raise SystemExit(f"{len(episodes)} recorded episodes, {8 + args.route_episodes} needed: record more "
+                         "(--episodes, a new --traces path) or pass a smaller --route-episodes")
+    n_turns = sum(map(len, chosen))
+    console.print(f"routing: {len(chosen)} episodes, {n_turns} requests ({n_turns / len(chosen):.2f} turns each), "
+                  f"{args.route_concurrency} episodes in flight over 2 replicas")
+    with contextlib.ExitStack() as stack:  # each replica on its own core(s), as sao-eval --replicas starts them
+        block = ("--block-size", str(args.route_block_size)) if args.route_block_size else ()
+        servers = [stack.enter_context(VLLMServer(replace(
+            server_config(model, args.out / f"vllm-route-{i}.log", SpeculativeConfig()), env=cpu_share(i, 2),
+            extra_args=block))) for i in range(2)]
+        arms = run_routing(servers, MODEL, chosen, warm, args.route_concurrency, args.temperature, console)
+    rows, ratio = routing_rows(arms)
+    table = Table(title=f"WAR: 2 replicas, {len(chosen)} recorded multi-turn episodes ({n_turns} requests), "
+                        f"{args.route_concurrency} in flight, temperature {args.temperature:g}, "
+                        f"KV block {args.route_block_size or 'default'}")
+    for col in ("router", "tok/s", "x round-robin", "prefix-cache hit rate", "later turns moved", "requests/replica",
+                "wall s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["router"], f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x", f"{r['prefix_cache_hit_rate']:.3f}",
+                      f"{r['moved_turns']}/{r['later_turns']}", str(r["requests_per_replica"]), f"{r['wall_s']:.1f}")
+    console.print(table)
+    verdict = "met" if ratio >= TARGET else "not met"
+    console.print(f"target cache-aware >= {TARGET}x round-robin at high load: {ratio:.2f}x ({verdict})")
+    return {"arms": rows, "ratio": ratio, "target": TARGET, "met": ratio >= TARGET,
+            "block_size": args.route_block_size}
 
 
 if __name__ == "__main__":

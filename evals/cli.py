@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
     p.add_argument("--max-restarts", type=int, default=3,
-                   help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3)")
+                   help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3; "
+                        "with --replicas, per replica)")
     p.add_argument("--max-steps", type=int,
                    help="SWE: tool steps before the episode is cut and graded (default 300, the paper's, for "
                         "swe-bench-*; 50 for swe-local)")
@@ -81,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "from earlier responses and the prompt, verified by the model; the summary reports "
                         "spec_acceptance and prefix_cache_hit_rate)")
     p.add_argument("--spec-tokens", type=int, help="suffix: most draft tokens a step (default 24)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="local vLLM engines to start (default 1); with more than one, each request is placed by "
+                        "--router, a replica that dies has its requests sent to the others, and the summary "
+                        "reports the prefix-cache hit rate summed over the replicas")
+    p.add_argument("--router", choices=["cache_aware", "round_robin"], default="cache_aware",
+                   help="with --replicas: cache_aware (default: later turns of an episode where its prefix is "
+                        "cached, new episodes to the least loaded replica) or round_robin")
     p.add_argument("--output", type=Path, help="output folder (default runs/eval/BENCHMARK-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -125,7 +133,7 @@ def _run(args: argparse.Namespace, output: Path) -> int:
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
             endpoint_mode=args.endpoint_mode,
             speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens),
-            max_restarts=args.max_restarts,
+            max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),
         )
@@ -194,6 +202,8 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "eval_errors", "n_failed",
                 "n_truncated", "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
+    if "replicas" in summary:
+        table.add_row("replicas", f"{summary['replicas']} ({summary['router']})")
     for key in ("spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate"):
         if key in summary:
             value = summary[key]

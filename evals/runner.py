@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +47,11 @@ from sao.agents import (
 )
 from sao.agents.env_calls import INFRASTRUCTURE
 from sao.agents.episodes import opened, unplayed
-from sao.agents.endpoint import ENDPOINT_MODES, Endpoint, open_endpoint
-from sao.agents.engine_metrics import EngineMetrics, read_metrics
+from sao.agents.endpoint import ENDPOINT_MODES, Endpoint
 from sao.agents.engine_watch import EngineWatch, rerun_on_death, watching
+from sao.agents.fleet import routed
 from sao.agents.interrupts import quiet_interrupts
+from sao.agents.routing_client import RoutingClient
 from sao.agents.speculative import SpeculativeConfig
 from sao.agents.scripted import run_graded_patch, run_scripted_episode
 from sao.agents.store import TrajectoryWriter, read_trajectories
@@ -59,6 +60,7 @@ from sao.envs.capabilities import prediction_grader, scripted_policies
 from sao.envs.checker import check_episode
 from sao.envs.registry import BUILTINS
 
+from .engines import ENGINE_KEYS, measured, open_engines
 from .errors import EvalError
 from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
@@ -72,6 +74,7 @@ _IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "tempera
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
+EVAL_ROUTERS = ("cache_aware", "round_robin")  # sao.agents.routing (pinned needs a scheduler's home replica)
 ENDLESS_DEFAULT_LIMIT = 100  # tasks evaluated from an endless source (arithmetic) when --limit is not given
 
 
@@ -99,7 +102,9 @@ class EvalConfig:
     grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
     endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.endpoint)
     speculative: SpeculativeConfig = SpeculativeConfig()  # how the local vLLM speculates (--speculative)
-    max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine_watch)
+    max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine_watch), per replica
+    replicas: int = 1  # local vLLM replicas; more than one: requests placed by `router` (sao.agents.routing_client)
+    router: str = "cache_aware"  # cache_aware | round_robin
 
     def __post_init__(self) -> None:
         if self.speculative.enabled and self.base_url is not None:
@@ -122,6 +127,13 @@ class EvalConfig:
             raise EvalError(f"--limit must be >= 1, got {self.limit}")
         if self.max_restarts < 0:
             raise EvalError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.replicas < 1:
+            raise EvalError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.router not in EVAL_ROUTERS:
+            raise EvalError(f"--router must be one of {EVAL_ROUTERS}, got {self.router!r}")
+        if self.replicas > 1 and (self.base_url is not None or self.agent != "llm" or self.grade_only is not None):
+            raise EvalError("--replicas starts that many local vLLM engines for the model to play: it takes no "
+                            "--base-url, --agent other than llm, or --grade-only")
 
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
@@ -233,31 +245,38 @@ def settled(t: Trajectory) -> bool:
 
 async def run_pairs(
     cfg: EvalConfig,
-    endpoint: Endpoint | None,
+    endpoint: Endpoint | Sequence[Endpoint] | None,
     env_kwargs: dict[str, Any],
     pairs: list[tuple[int, str, int]],
     writer: TrajectoryWriter,
     on_done: Callable[[Trajectory], None] = lambda t: None,
-) -> None:
+) -> dict[str, Any]:
     """Run the (task index, task id, sample) pairs with bounded concurrency, writing each as it ends.
 
     With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
+    Several endpoints (``--replicas``): each episode's requests are placed by ``cfg.router``
+    (:mod:`sao.agents.routing_client`), and what the routing did is returned (empty otherwise).
     """
     quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-eval itself (sao.agents.interrupts)
+    endpoints = [] if endpoint is None else [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
+    first = endpoints[0] if endpoints else None
     env_name = resolve(cfg.benchmark).name
     semaphore = asyncio.Semaphore(cfg.concurrency)
     client: OpenAICompletionClient | OpenAIChatClient | None = None
+    routing: RoutingClient | None = None  # several replicas
     runner: EpisodeRunner | None = None  # the token loop
-    if endpoint is not None:
-        client_args = dict(api_key=endpoint.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
+    client_args: dict[str, Any] = {}
+    if first is not None:
+        client_args = dict(api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
                            max_connections=cfg.concurrency)
         loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
-                              max_model_len=endpoint.max_model_len, temperature=cfg.temperature)
-        if endpoint.mode == "chat":  # the text loop: no tokenizer
-            client = OpenAIChatClient(endpoint.base_url, endpoint.model, **client_args)
+                              max_model_len=first.max_model_len, temperature=cfg.temperature)
+        if first.mode == "chat":  # the text loop: no tokenizer
+            client = OpenAIChatClient(first.base_url, first.model, **client_args)
         else:
-            runner = EpisodeRunner(env_name, Renderers(load_tokenizer(endpoint)), loop_cfg, env_kwargs)
-            client = OpenAICompletionClient(endpoint.base_url, endpoint.model, **client_args)
+            runner = EpisodeRunner(env_name, Renderers(load_tokenizer(first)), loop_cfg, env_kwargs)
+            if len(endpoints) == 1:
+                client = OpenAICompletionClient(first.base_url, first.model, **client_args)
 
     predictions = load_predictions(cfg.grade_only) if cfg.grade_only is not None else None
 
@@ -265,7 +284,7 @@ async def run_pairs(
         seed = episode_seed(cfg.seed, index, sample)
         if predictions is not None:
             return await run_graded_patch(env, predictions[task_id], env_name=env_name, task_id=task_id)
-        if client is None:
+        if first is None:
             policies = scripted_policies(env)
             if policies is None:  # plan() checked the benchmark's environment already
                 raise EvalError(f"{env_name} has no scripted agents; use --agent llm")
@@ -276,7 +295,8 @@ async def run_pairs(
             return await run_text_episode(env, client, loop_cfg, env_name=env_name, task_id=task_id,
                                           sample=sample, seed=seed)
         assert runner is not None  # a token endpoint
-        return await runner.play(env, client, task_id=task_id, sample=sample, seed=seed)
+        episode_client = routing.episode() if routing is not None else client
+        return await runner.play(env, episode_client, task_id=task_id, sample=sample, seed=seed)
 
     async def attempt(index: int, task_id: str, sample: int) -> Trajectory:
         started = time.monotonic()
@@ -290,16 +310,25 @@ async def run_pairs(
     async def one(index: int, task_id: str, sample: int, watch: EngineWatch | None) -> None:
         async with semaphore:
             # a local engine that dies is restarted; the attempts it cut are dropped and run again
+            # (several replicas: the requests it cut go to the others, sao.agents.routing_client)
             trajectory = await rerun_on_death(watch, lambda: attempt(index, task_id, sample))
             writer.write(trajectory)
             on_done(trajectory)
 
     try:
-        async with watching(endpoint.server if endpoint is not None else None, cfg.max_restarts) as watch:
+        async with contextlib.AsyncExitStack() as stack:
+            watch = None
+            if len(endpoints) > 1:
+                routing = await stack.enter_async_context(
+                    routed(endpoints, cfg.router, max_restarts=cfg.max_restarts, **client_args))
+            else:
+                watch = await stack.enter_async_context(
+                    watching(first.server if first is not None else None, cfg.max_restarts))
             await asyncio.gather(*(one(i, t, s, watch) for i, t, s in pairs))
     finally:
         if client is not None:
             await client.aclose()
+    return {"router": routing.router.name, **routing.stats.summary()} if routing is not None else {}
 
 
 def load_tokenizer(endpoint: Endpoint) -> Any:
@@ -417,25 +446,20 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     done = prepare_output(cfg)
     before = previous_summary(cfg)
     pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
-    rollout_s, used = 0.0, None
+    rollout_s, engine = 0.0, None
     if pairs:
-        engine = (open_endpoint(cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, tokenizer=cfg.tokenizer,
-                                max_model_len=cfg.max_model_len, log_path=cfg.output / "vllm.log",
-                                mode=cfg.endpoint_mode, speculative=cfg.speculative)
-                  if cfg.agent == "llm" and cfg.grade_only is None else contextlib.nullcontext())
-        with engine as endpoint, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
+        with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
-            metrics0 = read_metrics(_root(endpoint)) if cfg.speculative.enabled else None
             t_rollout = time.monotonic()
-            asyncio.run(run_pairs(cfg, endpoint, env_kwargs, pairs, writer, hook or (lambda t: None)))
+            engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
+                cfg, endpoints or None, env_kwargs, pairs, writer, hook or (lambda t: None))))
             rollout_s = time.monotonic() - t_rollout
-            used = read_metrics(_root(endpoint)).since(metrics0) if metrics0 is not None else None
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
     summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs))
-    if used is not None:
-        summary |= speculative_summary(cfg.speculative, used)
+    if engine is not None:
+        summary |= engine
     elif not pairs:  # nothing ran: the engine figures of the run that did the work stay
-        summary |= {k: v for k, v in before.items() if k in SPECULATIVE_KEYS}
+        summary |= {k: v for k, v in before.items() if k in ENGINE_KEYS}
     write_outputs(cfg, summary, results)
     return summary
 
@@ -464,19 +488,3 @@ def run_times(before: dict[str, Any], *, wall_s: float, rollout_s: float, ran: b
         return {"wall_s": before["wall_s"], "rollout_s": before.get("rollout_s", 0.0), "timed_runs": runs}
     return {"wall_s": round(before["wall_s"] + wall_s, 3), "rollout_s": round(before.get("rollout_s", 0.0) + rollout_s, 3),
             "timed_runs": runs + 1}
-
-
-def _root(endpoint: Endpoint) -> str:
-    return endpoint.base_url.removesuffix("/v1")
-
-
-SPECULATIVE_KEYS = ("speculative", "spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate", "engine")
-
-
-def speculative_summary(speculative: SpeculativeConfig, used: EngineMetrics) -> dict[str, Any]:
-    """What ``summary.json`` adds under ``--speculative``: the engine's ``/metrics`` counted over this
-    invocation's episodes (accepted / proposed draft tokens, accepted tokens per draft, prompt tokens
-    served from the prefix cache / looked up, and the counts behind them)."""
-    return {"speculative": speculative.method, "spec_acceptance": used.spec_acceptance,
-            "spec_accepted_per_draft": used.spec_accepted_per_draft,
-            "prefix_cache_hit_rate": used.prefix_cache_hit_rate, "engine": used.summary()}

@@ -21,6 +21,7 @@ import torch
 
 from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
+from sao.agents.engine_meter import EngineMeter
 from sao.agents.engine_watch import watching
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.model import ensure_model
@@ -35,6 +36,7 @@ from sao.rl.config import (
     scheduler_config,
     validate,
 )
+from sao.rl.engine_step import StepEngineMetrics
 from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.precision import resolve_bf16
@@ -245,7 +247,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir),
-                              thread=thread)
+                              thread=thread, engine_metrics=StepEngineMetrics(
+                                  EngineMeter(controls), speculative=cfg.engine.speculative_config().enabled))
             return await trainer.run()
 
 

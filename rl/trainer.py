@@ -37,6 +37,7 @@ from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.batch import collate
 from sao.rl.checkpoint import Checkpointer, TrainState
 from sao.rl.config import TrainConfig
+from sao.rl.engine_step import StepEngineMetrics
 from sao.rl.heldout import HeldOutEval, improvement
 from sao.rl.learner import Learner
 from sao.rl.memory import release, rss_gb
@@ -127,6 +128,7 @@ class Trainer:
         tasks: Any = None,
         heldout: HeldOutEval | None = None,
         thread: TorchThread | None = None,
+        engine_metrics: StepEngineMetrics | None = None,
     ):
         self.cfg, self.files = cfg, RunFiles(Path(run_dir))
         self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
@@ -135,6 +137,7 @@ class Trainer:
         self.extra_sinks = list(sinks or [])
         self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
         self.thread = thread or TorchThread()  # every torch call of the run happens on this one thread
+        self.engine_metrics = engine_metrics  # the replicas' /metrics per step (prefix-cache hits, speculation)
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
         self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
@@ -192,6 +195,8 @@ class Trainer:
             self.source.on_weights(state.version)
             log.info("engine serves version %d (sync %.2f s, probe gap %s)", state.version, first.get("perf/sync_s", 0),
                      first.get("sync/probe_gap"))
+            if self.engine_metrics is not None:
+                await self.engine_metrics.start()  # the first step's window starts here
             if self.heldout is not None and state.step == 0:
                 sink.log(0, await self._evaluate(0))  # the baseline: before any policy step
             await self._pretrain_critic(pretrain_sink)
@@ -278,6 +283,7 @@ class Trainer:
             t_update = time.monotonic()
             metrics = await self.thread.run(self.algo.update, learner, batch)
             update_s = time.monotonic() - t_update
+        engine = await self.engine_metrics.step() if self.engine_metrics is not None else {}
         self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
         synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe,
@@ -292,7 +298,7 @@ class Trainer:
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
         release()  # the step's freed activations go back to the system, not into the next step's peak
         rss, peak = rss_gb()
-        return {**rollout.metrics, **metrics, **synced, **online, "rollout/weight_version": step - 1,
+        return {**rollout.metrics, **engine, **metrics, **synced, **online, "rollout/weight_version": step - 1,
                 "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0, "perf/rss_gb": peak,
                 "perf/rss_now_gb": rss}
 

@@ -1,15 +1,15 @@
-"""Unit tests of the request routers (rl/rollout/routing.py) and the simulator's prefix cache, on hand-made states."""
+"""Unit tests of the request routers (agents/routing.py) and the simulator's prefix cache, on hand-made states."""
 
 from __future__ import annotations
 
 import pytest
 
-from sao.rl.rollout.core import ConfigError
-from sao.rl.rollout.routing import (
+from sao.agents.routing import (
     CacheAware,
     Pinned,
     ReplicaView,
     RoundRobin,
+    RouterConfigError,
     RouteRequest,
     eligible,
     make_router,
@@ -80,7 +80,7 @@ def test_cache_aware_never_follows_a_prefix_onto_the_wrong_version():
 
 
 def test_cache_aware_rejects_negative_margins():
-    with pytest.raises(ConfigError, match="margins"):
+    with pytest.raises(RouterConfigError, match="margins"):
         CacheAware(margin=-0.1)
 
 
@@ -107,7 +107,7 @@ def test_make_router_knows_the_names_and_suggests_the_closest():
     assert isinstance(make_router("cache_aware", margin=0.5), CacheAware)
     assert make_router("cache_aware", margin=0.5).margin == 0.5
     assert isinstance(make_router("round_robin"), RoundRobin)
-    with pytest.raises(ConfigError, match="did you mean 'cache_aware'"):
+    with pytest.raises(RouterConfigError, match="did you mean 'cache_aware'"):
         make_router("cache-aware")
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sao.rl.rollout import SchedulerConfig, StartTrajectory
 from sao.rl.rollout.sim import SIM_MODES, Simulation, simulate
 from sao.rl.rollout.lengths import LengthStats, quantile
-from sao.rl.rollout.routing import ROUTERS
+from sao.agents.routing import ROUTERS
 from sao.rl.rollout.simconfig import (
     EngineConfig,
     Lognormal,

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sao.rl.rollout.core import STALE_POLICIES, ConfigError, RolloutError
-from sao.rl.rollout.routing import ROUTERS
+from sao.agents.routing import ROUTERS
 from sao.rl.rollout.simconfig import SCENARIOS, scenario
 
 DEFAULT_MODES = "sync,one_step_off,async,multi_version,pipe"

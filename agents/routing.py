@@ -29,11 +29,16 @@ Routers (:data:`ROUTERS`):
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sao.rl.rollout.core import ConfigError, unknown_name
+from .errors import AgentError
+
+
+class RouterConfigError(AgentError, ValueError):
+    """A router that cannot be made (an unknown name, a negative margin); the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class CacheAware:
 
     def __init__(self, margin: float = 0.25, margin_per_ktoken: float = 0.05) -> None:
         if margin < 0 or margin_per_ktoken < 0:
-            raise ConfigError(f"routing margins must be >= 0, got {margin}, {margin_per_ktoken}")
+            raise RouterConfigError(f"routing margins must be >= 0, got {margin}, {margin_per_ktoken}")
         self.margin, self.margin_per_ktoken = margin, margin_per_ktoken
 
     def allowed_gap(self, request: RouteRequest) -> float:
@@ -157,4 +162,6 @@ def make_router(name: str, margin: float = 0.25, margin_per_ktoken: float = 0.05
         return RoundRobin()
     if name == "cache_aware":
         return CacheAware(margin, margin_per_ktoken)
-    raise unknown_name("router", name, ROUTERS)
+    close = difflib.get_close_matches(name, list(ROUTERS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise RouterConfigError(f"unknown router {name!r}{hint} (known: {', '.join(ROUTERS)})")

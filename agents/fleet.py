@@ -1,0 +1,85 @@
+"""Several managed vLLM replicas of one model, and the routing client that spreads episodes over them.
+
+:func:`open_replicas` starts ``n`` managed engines (:class:`~sao.agents.engine.VLLMServer`: each on
+a free port, in its own process group), one after the other from the calling thread (the SIGTERM
+guard wants the main thread); every one is stopped when the block exits, whatever happened, and
+those already started are stopped when a later one fails to start. On a CPU-only machine each gets
+its own share of the cores (:func:`cpu_share`).
+
+:func:`routed` is the :class:`~sao.agents.routing_client.RoutingClient` over such endpoints for an
+evaluation: one completion client and one ``/metrics`` reader per replica, and for each managed
+replica an :class:`~sao.agents.engine_watch.EngineWatch` (a dead one is restarted up to
+``max_restarts`` times; the requests it cut go to the others meanwhile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .client import OpenAICompletionClient
+from .endpoint import Endpoint
+from .engine import EngineClient
+from .engine_watch import watching
+from .routing import make_router
+from .routing_client import RoutedReplica, RoutingClient
+from .speculative import SpeculativeConfig
+
+
+@contextlib.contextmanager
+def open_replicas(model: str, n: int, *, max_model_len: int = 4096, log_dir: Path | None = None,
+                  startup_timeout_s: float = 600.0, speculative: SpeculativeConfig | None = None,
+                  tokenizer: str | None = None) -> Iterator[list[Endpoint]]:
+    """``n`` managed endpoints of ``model`` (module doc); logs in ``log_dir/vllm-{i}.log``."""
+    if n < 1:
+        raise ValueError(f"replicas must be >= 1, got {n}")
+    from .engine import VLLMServer, VLLMServerConfig
+    from .model import ensure_model
+
+    path = ensure_model(model)
+    with contextlib.ExitStack() as stack:
+        endpoints = []
+        for i in range(n):
+            config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
+                                      log_path=log_dir / f"vllm-{i}.log" if log_dir else None,
+                                      startup_timeout_s=startup_timeout_s,
+                                      speculative=speculative or SpeculativeConfig(), env=cpu_share(i, n))
+            server = stack.enter_context(VLLMServer(config))
+            endpoints.append(Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True,
+                                      server=server))
+        yield endpoints
+
+
+def cpu_share(i: int, n: int) -> dict[str, str]:
+    """On a CPU-only machine, replica ``i`` of ``n`` gets its own share of this process's cores for
+    vLLM's compute threads (``VLLM_CPU_OMP_THREADS_BIND``); left to vLLM when there is a GPU, when
+    the variable is already set, for one replica, or when there are fewer cores than replicas. vLLM's own choice binds
+    every replica to the same cores (one core and one reserved on 2 cores), so they would share one."""
+    from .engine import _cuda_present
+
+    cores = sorted(os.sched_getaffinity(0))
+    if n < 2 or _cuda_present() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < n:
+        return {}
+    share = len(cores) // n
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * share:(i + 1) * share]))}
+
+
+@contextlib.asynccontextmanager
+async def routed(endpoints: Sequence[Endpoint], router: str, *, max_restarts: int,
+                 **client_args: Any) -> AsyncIterator[RoutingClient]:
+    """A :class:`RoutingClient` over ``endpoints`` with router ``router`` (module doc); ``client_args``
+    go to each replica's :class:`~sao.agents.client.OpenAICompletionClient`."""
+    async with contextlib.AsyncExitStack() as stack:
+        replicas = []
+        for e in endpoints:
+            client = OpenAICompletionClient(e.base_url, e.model, **client_args)
+            stack.push_async_callback(client.aclose)
+            control = await stack.enter_async_context(EngineClient(e.base_url.removesuffix("/v1"), api_key=e.api_key))
+            watch = await stack.enter_async_context(watching(e.server, max_restarts))
+            replicas.append(RoutedReplica(client, control, watch))
+        routing = RoutingClient(replicas, make_router(router))
+        stack.push_async_callback(routing.aclose)
+        yield routing
