@@ -232,7 +232,8 @@ def episodes_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from sao.agents.model import resolve_model
 
     model = resolve_model("smollm2-135m")
-    config = VLLMServerConfig(model=model, served_model_name="smollm2-135m", log_path=out / "vllm.log")
+    config = VLLMServerConfig(model=model, served_model_name="smollm2-135m", log_path=out / "vllm.log",
+                              startup_timeout_s=600.0)  # a loaded 2-core machine has taken over 300 s
     report: dict[str, Any] = {}
     with VLLMServer(config) as server:  # started here, stopped (whole process group) at the end
         common = ["--base-url", server.base_url, "--model", "smollm2-135m", "--tokenizer", model,
@@ -325,17 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.out / name, ignore_errors=True)
     t0 = time.monotonic()
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    before = set(containers())  # sandbox containers of someone else's runs are not this soak's leaks
+    phases = ([("episodes", episodes_phase)] if args.minutes > 0 else []) + \
+        ([("training", training_phase)] if args.train_steps > 0 else [])
     with Sampler(args.out / "samples.jsonl", args.interval, t0) as sampler:
-        if args.minutes > 0:
-            result["episodes"] = episodes_phase(args, args.out)
+        for name, phase in phases:
+            try:
+                result[name] = phase(args, args.out)
+            except Exception as exc:  # noqa: BLE001 - the figures so far are still written and reported
+                result[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             time.sleep(2)
             with sampler.lock:
-                result["leaked_after_episodes"] = {"processes": leaked_processes(sampler.seen), "containers": containers()}
-        if args.train_steps > 0:
-            result["training"] = training_phase(args, args.out)
-            time.sleep(2)
-            with sampler.lock:
-                result["leaked_after_training"] = {"processes": leaked_processes(sampler.seen), "containers": containers()}
+                result[f"leaked_after_{name}"] = {"processes": leaked_processes(sampler.seen),
+                                                  "containers": sorted(set(containers()) - before)}
     result["roles"] = per_role_growth(sampler.samples)
     result["max_containers"] = max((n for _, n in sampler.container_counts), default=0)
     result["wall_s"] = round(time.monotonic() - t0, 1)
@@ -357,13 +360,18 @@ def report(result: dict[str, Any]) -> int:
                       _pct(r["fd_growth"]), _pct(r["thread_growth"]))
     console.print(table)
     failed = False
-    for name, e in result.get("episodes", {}).items():
+    for phase in ("episodes", "training"):
+        if "error" in result.get(phase, {}):
+            console.print(f"[red]{phase} failed: {result[phase]['error']}[/]")
+            failed = True
+    episodes = result.get("episodes", {})
+    for name, e in ({} if "error" in episodes else episodes).items():
         console.print(f"{name}: exit {e['exit']}, {e['episodes']} episodes ({e['ok']} ok, {e['failed']} failed), "
                       f"{e['torn']} torn records")
         # a SWE episode can outlast a short soak (the 2-minute CI version); a long one must finish some
         idle = e["episodes"] == 0 and (name == "math" or float(result["args"]["minutes"]) >= 5)
         failed |= e["exit"] not in (0, 143) or idle or e["torn"] > 0
-    if "training" in result:
+    if "training" in result and "error" not in result["training"]:
         t = result["training"]
         console.print(f"training: exit {t['exit']}, {t['steps']} steps, peak RSS {t['peak_rss_gb']} GB, RSS after "
                       f"step 5 {t['rss_after_step_5_gb']} -> last {t['rss_after_last_gb']} GB "

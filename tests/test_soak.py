@@ -27,6 +27,7 @@ def test_soak_two_minutes_leaves_nothing_behind(tmp_path: Path, smollm2_dir: Pat
         capture_output=True, text=True, timeout=840, check=False)
     assert (out / "soak.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "soak.json").read_text())
+    assert "error" not in result["episodes"], result["episodes"]
     leaks = result["leaked_after_episodes"]
     assert leaks == {"processes": [], "containers": []}, leaks
     for name in ("math", "swe"):
