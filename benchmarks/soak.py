@@ -205,7 +205,7 @@ def per_role_growth(samples: list[ProcSample]) -> dict[str, dict[str, Any]]:
 
 def leaked_processes(seen: dict[int, float]) -> list[str]:
     """Processes started under this one that are still alive: descendants now, and any seen in a sample
-    (same pid and start time) that left the tree, as an orphaned engine would. Zombies are reaped."""
+    (same pid and start time) that left the tree, as an orphaned engine would. Zombies do not count."""
     candidates = {p.pid: p for p in descendants()}
     for pid, created in list(seen.items()):  # the sampler thread adds to it
         if pid not in candidates:
@@ -218,8 +218,7 @@ def leaked_processes(seen: dict[int, float]) -> list[str]:
     alive = []
     for p in candidates.values():
         try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                p.wait(timeout=0)
+            if p.status() == psutil.STATUS_ZOMBIE:  # exited, holds nothing; its parent has yet to reap it
                 continue
             alive.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
         except (psutil.Error, psutil.TimeoutExpired):
