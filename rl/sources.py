@@ -208,4 +208,26 @@ def rollout_metrics(all_: list[Trajectory] | tuple[Trajectory, ...], ok: tuple[T
         "rollout/tokens": float(tokens),
         "perf/rollout_s": wall_s,
         "perf/rollout_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        **episode_time_metrics(all_),
     }
+
+
+def episode_time_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Where an episode's time went, means over the batch's episodes (failed ones included), under
+    ``perf/`` with the other wall-clock figures (they differ run to run): ``perf/agent_s`` in model
+    calls, ``perf/env_s`` the rest (reset, tools, grading), and ``perf/env_<key>`` for each number the
+    environment reports in ``info["timing"]`` (over the episodes
+    that report it; the SWE envs: ``reset_s`` = ``image_s`` + ``container_start_s`` + ``workspace_s``,
+    ``tools_s``, and for the episodes the environment ended ``diff_s`` and ``grading_s``, 0 without a diff)."""
+    if not trajectories:
+        return {}
+    agent = [sum(turn.t_end - turn.t_start for turn in t.turns) for t in trajectories]
+    out = {"perf/agent_s": sum(agent) / len(agent),
+           "perf/env_s": sum(t.wall_s - a for t, a in zip(trajectories, agent)) / len(agent)}
+    reported: dict[str, list[float]] = {}
+    for t in trajectories:
+        timing = t.info.get("timing")
+        for key, value in (timing.items() if isinstance(timing, dict) else ()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                reported.setdefault(f"perf/env_{key}", []).append(float(value))
+    return out | {key: sum(v) / len(v) for key, v in sorted(reported.items())}

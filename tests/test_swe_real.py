@@ -2,9 +2,10 @@
 
 The builder's pieces (history export, requirement lists, the F2P/P2P rule, test_patch extraction)
 are tested on small git repositories made here, without Docker. The rest needs a Docker daemon
-(skipped with a reason without one, unless ``SAO_REQUIRE_DOCKER=1``), the repositories' snapshots
-(``$SAO_SWE_MIRROR``, default /work/.mirror) and the Verified rows (../shared/data); a missing
-snapshot or data file skips, unless ``SAO_REQUIRE_SWE_REAL=1`` makes it a failure. The instances
+(skipped with a reason without one, unless ``SAO_REQUIRE_DOCKER=1``), the snapshots of pydata/xarray
+and psf/requests (``$SAO_SWE_MIRROR/owner+name``, default /work/.mirror, where the ``fetch`` tool puts
+them) and the Verified rows (../shared/data); a missing snapshot or data file skips with a message
+that names every one missing and what to fetch, unless ``SAO_REQUIRE_SWE_REAL=1`` makes it a failure. The instances
 are built into ``$SAO_SWE_REAL_DIR`` (default ~/.cache/sao/swe-real) and cached there and by image
 tag: the first build takes a few minutes (the images, then the before/after test runs), later ones
 about a second. Grading runs each instance's tests twice (gold, tests-only patch): about 5 minutes
@@ -131,6 +132,16 @@ def test_fail_to_pass_and_pass_to_pass_follow_swebench():
     # after: all pass but f (broken by the fix: in neither list) and e (still skipped: in neither)
     after = {"a": "PASSED", "b": "PASSED", "c": "PASSED", "d": "PASSED", "e": "SKIPPED", "f": "FAILED"}
     assert swe_real.test_lists(before, after) == (["a", "c", "d"], ["b"])
+
+
+def test_missing_snapshots_are_named_with_what_to_fetch(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAO_SWE_MIRROR", str(tmp_path / "mirror"))
+    (tmp_path / "mirror" / "psf+requests").mkdir(parents=True)  # a folder without a git dir is no snapshot
+    with pytest.raises(swe_real.MissingInput) as exc:
+        swe_real.build(tmp_path / "out", data=tmp_path / "rows.jsonl")
+    message = str(exc.value)
+    assert "fetch github:pydata/xarray and github:psf/requests" in message, message  # each once, all at once
+    assert str(tmp_path / "rows.jsonl") in message and not (tmp_path / "out").exists()  # nothing built
 
 
 def test_is_test_path_is_swebenchs_rule():

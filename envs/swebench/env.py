@@ -30,7 +30,7 @@ class _Episode:
 
     baseline: str  # what the agent's diff is taken against (a commit, or a tree snapshot)
     image: ResolvedImage
-    reset_s: float
+    timing: dict[str, float]  # seconds: reset_s (image + container_start_s + workspace_s), tools_s, ...
     steps: int = 0
     format_errors: int = 0  # consecutive turns without a usable tool call
 
@@ -119,8 +119,10 @@ class SWEBenchEnv(TextEnv):
         self._episode = None
         started = time.monotonic()
         image = self.resolve_image(inst)
+        resolved = time.monotonic()
         sb = DockerSandbox(image.name, limits=self.limits, label=self.label, client=self._docker(), workdir=TESTBED,
                            name_prefix="sao-swe-")
+        running = time.monotonic()
         try:
             baseline = prepare_workspace(sb, inst.base_commit, hide_history=self.hide_history)
         except BaseException:
@@ -129,7 +131,10 @@ class SWEBenchEnv(TextEnv):
         self.instance = inst
         self.workspace = Workspace(sb, command_timeout_s=self.command_timeout_s,
                                    observation_chars=self.observation_chars)
-        self._episode = _Episode(baseline, image, reset_s=time.monotonic() - started)
+        now = time.monotonic()
+        self._episode = _Episode(baseline, image, timing={
+            "reset_s": now - started, "image_s": resolved - started, "container_start_s": running - resolved,
+            "workspace_s": now - running, "tools_s": 0.0})
         messages: list[Message] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
@@ -155,12 +160,15 @@ class SWEBenchEnv(TextEnv):
             if submitted or failure:
                 obs.append(_tool_message(call_id, "Not run: the episode has ended."))
                 continue
+            called = time.monotonic()
             try:
                 content, ok, submitted = self._call(call)
                 usable = usable or ok
             except SandboxError as exc:
                 failure = f"the agent's container failed: {exc}"
                 content = f"Error: {failure}"
+            finally:
+                ep.timing["tools_s"] += time.monotonic() - called
             obs.append(_tool_message(call_id, content))
         if not calls and not invalid:
             obs.append({"role": "user", "content": NO_TOOL_CALL})
@@ -201,7 +209,8 @@ class SWEBenchEnv(TextEnv):
     def _info(self) -> dict[str, Any]:
         assert self.instance is not None
         return {"task_id": self.instance.instance_id, "instance_id": self.instance.instance_id,
-                "repo": self.instance.repo, "steps": self._episode.steps if self._episode else 0}
+                "repo": self.instance.repo, "steps": self._episode.steps if self._episode else 0,
+                "timing": _rounded(self._episode.timing) if self._episode else {}}
 
     def _call(self, call: Mapping[str, Any]) -> tuple[str, bool, bool]:
         """``(observation, usable, submitted)`` for one tool call; agent mistakes become observations."""
@@ -238,12 +247,14 @@ class SWEBenchEnv(TextEnv):
         ep, inst = self._episode, self.instance
         patch: bytes | None = None
         problem = ""
+        started = time.monotonic()
         if error is None:
             try:
                 patch, problem = take_diff(self.workspace.sb, ep.baseline, max_bytes=self.max_patch_bytes)
             except SandboxError as exc:
                 error = f"the agent's container failed while taking the diff: {exc}"
         self._end_workspace()
+        ep.timing["diff_s"] = time.monotonic() - started  # the diff and the agent's container's removal
         text = patch.decode("utf-8", errors="replace") if patch else ""
         if error is not None or patch is None:
             status = "error" if error is not None else problem.split(":", 1)[0]
@@ -252,11 +263,11 @@ class SWEBenchEnv(TextEnv):
             result = GradeResult(False, report, error)
         else:
             result = self.grade_diff(inst, patch, ep.image.name)
+        ep.timing["grading_s"] = result.duration_s  # 0 when nothing was graded (no diff, an error)
         return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
                 "eval_error": result.eval_error,
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
-                "image_source": ep.image.source, "grading_log": result.log,
-                "timing": {"reset_s": round(ep.reset_s, 3), "grading_s": round(result.duration_s, 3)}}
+                "image_source": ep.image.source, "grading_log": result.log}
 
     def resolve_image(self, inst: SWEInstance) -> ResolvedImage:
         """The image of ``inst`` (see :class:`ImageResolver`); raises :class:`InstanceImageError` when none works."""
@@ -281,6 +292,10 @@ class SWEBenchEnv(TextEnv):
         if self.workspace is not None:
             workspace, self.workspace = self.workspace, None
             workspace.sb.close()
+
+
+def _rounded(timing: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in timing.items()}
 
 
 def _tool_message(call_id: str, content: str) -> Message:

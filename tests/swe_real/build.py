@@ -117,13 +117,38 @@ def data_path(override: str | os.PathLike | None = None) -> Path:
     return Path(override or os.environ.get(DATA_ENV) or DEFAULT_DATA).expanduser()
 
 
+def mirror_root() -> Path:
+    return Path(os.environ.get(MIRROR_ENV) or DEFAULT_MIRROR).expanduser()
+
+
 def snapshot(repo: str) -> Path:
     """The git dir of ``repo``'s snapshot: ``$SAO_SWE_MIRROR/owner+name`` (or its ``repo`` folder)."""
-    folder = Path(os.environ.get(MIRROR_ENV) or DEFAULT_MIRROR).expanduser() / repo.replace("/", "+")
+    folder = mirror_root() / repo.replace("/", "+")
     for candidate in (folder / "repo", folder):
         if (candidate / "HEAD").exists() or (candidate / ".git").exists():
             return candidate
     raise MissingInput(f"no snapshot of {repo} at {folder} (fetch github:{repo}, or set ${MIRROR_ENV})")
+
+
+def missing_inputs(repos: Sequence[str], data: Path) -> str | None:
+    """What is missing to build instances of ``repos`` from ``data``, said in one message (None: nothing)."""
+    absent = [repo for repo in dict.fromkeys(repos) if not _has_snapshot(repo)]
+    problems = []
+    if absent:
+        problems.append(f"no snapshot of {', '.join(absent)} under {mirror_root()}: fetch "
+                        f"{' and '.join(f'github:{repo}' for repo in absent)} (the fetch tool lays each out as "
+                        f"{mirror_root()}/owner+name/repo), or set ${MIRROR_ENV} to a folder that holds them")
+    if not data.exists():
+        problems.append(f"the SWE-bench Verified data file {data} is not present (set ${DATA_ENV})")
+    return "; ".join(problems) or None
+
+
+def _has_snapshot(repo: str) -> bool:
+    try:
+        snapshot(repo)
+    except MissingInput:
+        return False
+    return True
 
 
 def load_rows(path: Path, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -280,8 +305,9 @@ def build(out_dir: str | os.PathLike, *, only: Sequence[str] | None = None, data
     chosen = [r for r in load_recipes(recipes) if not only or r.instance_id in only]
     if only and len(chosen) != len(set(only)):
         raise BuildError(f"unknown instance ids: {sorted(set(only) - {r.instance_id for r in chosen})}")
-    for r in chosen:
-        snapshot(r.repo)  # every missing input is reported before anything is built
+    missing = missing_inputs([r.repo for r in chosen], data_path(data))
+    if missing:  # every missing input is reported, at once, before anything is built
+        raise MissingInput(missing)
     rows = load_rows(data_path(data), [r.instance_id for r in chosen])
     out.mkdir(parents=True, exist_ok=True)
     built = []
