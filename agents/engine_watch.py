@@ -168,6 +168,21 @@ class EngineWatch:
         return False
 
 
+async def until_death(watch: EngineWatch, work: Awaitable[T]) -> asyncio.Future[T]:
+    """Run ``work`` until it ends or the engine dies, whichever comes first; the finished future, which
+    is cancelled when the death came first (it was let close what it holds; what it ends with is dropped)."""
+    run = asyncio.ensure_future(work)
+    death = asyncio.ensure_future(watch.death.wait())
+    try:
+        await asyncio.wait({run, death}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        death.cancel()
+        if not run.done():
+            run.cancel()
+            await asyncio.wait({run})
+    return run
+
+
 async def rerun_on_death(watch: EngineWatch | None, attempt: Callable[[], Awaitable[Trajectory]]) -> Trajectory:
     """Play one episode (``attempt()``, from its start) until an attempt ends on an engine that did not
     die under it; return that attempt's trajectory. Without a watch, one attempt (module doc)."""
@@ -175,15 +190,7 @@ async def rerun_on_death(watch: EngineWatch | None, attempt: Callable[[], Awaita
         return await attempt()
     while True:
         generation = await watch.ready()
-        run = asyncio.ensure_future(attempt())
-        death = asyncio.ensure_future(watch.death.wait())
-        try:
-            await asyncio.wait({run, death}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            death.cancel()
-            if not run.done():
-                run.cancel()
-                await asyncio.wait({run})  # let it close its environment; what it ends with is dropped
+        run = await until_death(watch, attempt())
         if not run.cancelled():  # it ended by itself
             error = run.exception()
             trajectory = run.result() if error is None else None

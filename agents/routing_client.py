@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from .client import CompletionClient, SamplingParams
 from .engine_meter import MetricsSource
 from .engine_metrics import EngineMetrics
-from .engine_watch import EngineRestartsExhausted, EngineWatch, died_since
+from .engine_watch import EngineRestartsExhausted, EngineWatch, died_since, until_death
 from .records import Completion
 from .replica_load import LoadBoard
 from .routing import ReplicaView, Router, RouteRequest
@@ -161,15 +161,7 @@ class RoutingClient:
             if replica.watch is None:
                 return await replica.client.complete(prompt_ids, params)
             watch, generation = replica.watch, replica.watch.generation
-            request = asyncio.ensure_future(replica.client.complete(prompt_ids, params))
-            death = asyncio.ensure_future(watch.death.wait())
-            try:
-                await asyncio.wait({request, death}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                death.cancel()
-                if not request.done():
-                    request.cancel()
-                    await asyncio.wait({request})
+            request = await until_death(watch, replica.client.complete(prompt_ids, params))
             if request.cancelled():
                 return None
             error = request.exception()
