@@ -49,9 +49,10 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from sao.sandboxes.docker import LABEL_KEY
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-LABEL = "io.sao.sandbox"
 console = Console()
 
 
@@ -111,7 +112,7 @@ def descendants() -> list[psutil.Process]:
 
 def containers() -> list[str]:
     """Ids of the sandbox containers on the Docker daemon ([] without a daemon)."""
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL}"], capture_output=True, text=True, check=False)
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL_KEY}"], capture_output=True, text=True, check=False)
     return out.stdout.split() if out.returncode == 0 else []
 
 
