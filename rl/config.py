@@ -64,8 +64,9 @@ class OptimConfig:
     # |log-prob| noise between learner and an fp32 engine on sampled tokens (measured, issue 13),
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
     bf16: bool = False
-    # bf16 autocast of the value model's passes: auto (where bf16 is fast: CUDA, or a CPU with AMX;
-    # sao.rl.precision), true, false, or null (as bf16)
+    # bf16 autocast of the value model's passes: auto (where bf16 is fast: CUDA, a CPU with AMX, or
+    # one with AVX512-BF16 where a measurement cached per machine says so; sao.rl.precision), true,
+    # false, or null (as bf16)
     critic_bf16: Any = "auto"
 
     def __post_init__(self) -> None:
