@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -70,24 +71,36 @@ def cached_cpu_decision(cache_dir: Path | None = None) -> bool:
         cache_dir = sao_home()
     path, key = Path(cache_dir) / CACHE_FILE, cpu_key()
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - held across the measurement
+    except OSError as exc:
+        log.warning("cannot use %s (%s); measuring bf16 without caching the answer", path.parent, exc)
+        return measured_speedup() >= MIN_SPEEDUP
+    with lock:
+        # data-parallel ranks resolve this at the same time: one measures, the others wait and read its
+        # answer, so that every rank trains its critic in the same precision
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entry = _read(path).get(key)
+        if not (isinstance(entry, dict) and isinstance(entry.get("speedup"), (int, float))):
+            speedup = measured_speedup()
+            entry = {"speedup": round(speedup, 3), "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            try:
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps({**_read(path), key: entry}, indent=2) + "\n")
+                tmp.replace(path)
+            except OSError as exc:
+                log.warning("could not cache the bf16 measurement in %s: %s", path, exc)
+            log.info("bf16 autocast on this CPU (%s): %.2fx fp32's speed, measured once and cached in %s",
+                     key, speedup, path)
+    return float(entry["speedup"]) >= MIN_SPEEDUP
+
+
+def _read(path: Path) -> dict:
+    try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
-        known = {}
-    entry = known.get(key) if isinstance(known, dict) else None
-    if not (isinstance(entry, dict) and isinstance(entry.get("speedup"), (int, float))):
-        speedup = measured_speedup()
-        entry = {"speedup": round(speedup, 3), "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        known = {**(known if isinstance(known, dict) else {}), key: entry}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(known, indent=2) + "\n")
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("could not cache the bf16 measurement in %s: %s", path, exc)
-        log.info("bf16 autocast on this CPU (%s): %.2fx fp32's speed, measured once and cached in %s",
-                 key, speedup, path)
-    return float(entry["speedup"]) >= MIN_SPEEDUP
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def measured_speedup(*, tokens: int = 256, hidden: int = 576, inner: int = 1536, rounds: int = 5) -> float:

@@ -51,6 +51,28 @@ def test_avx512_bf16_without_amx_is_measured_once_per_machine_and_cached(monkeyp
     assert bf16_is_fast("cpu", cache_dir=tmp_path) is expected and measured == [1, 1, 1]
 
 
+def test_ranks_resolving_at_once_measure_once_and_agree(monkeypatch, tmp_path):
+    """Data-parallel ranks build their learners at the same time: one measures, the others read its
+    answer (a second measurement could land on the other side of the threshold)."""
+    import threading
+    import time
+
+    answers = iter([2.0, 1.0])  # a first and a second measurement that would disagree
+
+    def measure() -> float:
+        time.sleep(0.2)
+        return next(answers)
+
+    monkeypatch.setattr(precision, "measured_speedup", measure)
+    results: list[bool] = []
+    ranks = [threading.Thread(target=lambda: results.append(precision.cached_cpu_decision(tmp_path))) for _ in range(3)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join()
+    assert results == [True, True, True]
+
+
 def test_the_measurement_is_a_real_timing_ratio():
     speedup = precision.measured_speedup(tokens=32, hidden=64, inner=128, rounds=2)
     assert math.isfinite(speedup) and speedup > 0
