@@ -2,8 +2,9 @@
 
 The policy is a Hugging Face causal LM in full precision on the learner's device; the engine is a
 managed local vLLM (``engine.base_url`` unset; started with the run, stopped at its end, its log in
-``RUN_DIR/vllm.log``) or an existing dev-mode vLLM on this filesystem. Everything else is
-:class:`~sao.rl.trainer.Trainer`'s.
+``RUN_DIR/vllm.log``) or an existing dev-mode vLLM on this filesystem; with ``cluster=ray``, engine
+replicas and learner ranks are Ray actors on a cluster (:mod:`sao.rl.ray_cluster`). Everything else
+is :class:`~sao.rl.trainer.Trainer`'s.
 """
 
 from __future__ import annotations
@@ -78,13 +79,33 @@ class Engine:
     root: str
     server: VLLMServer | None = None
 
+    def row(self) -> dict[str, Any]:
+        """Its line of ``engines.json``."""
+        s = self.server
+        return {"url": self.root, "managed": s is not None, "pid": s.pid if s else None,
+                "log": str(s.log_path) if s and s.log_path else None}
+
+
+def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None) -> VLLMServerConfig:
+    """How each managed engine starts (on this machine, or in a replica's actor on its node)."""
+    return VLLMServerConfig(
+        model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
+        kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
+        extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
+        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path)
+
 
 @contextlib.contextmanager
-def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterator[tuple[list[Engine], str]]:
+def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterator[tuple[list[Any], str]]:
     """(engines, served model name): the external ones of ``engine.base_url``, else ``n`` managed
     ones living as long as the context (started from the main thread, which the SIGTERM guard
-    needs; each blocks until healthy). ``RUN_DIR/engines.json`` says where each one is."""
+    needs; each blocks until healthy), or with ``cluster=ray`` ``n`` Ray replicas (:func:`_ray_engines`).
+    ``RUN_DIR/engines.json`` says where each one is."""
     served = cfg.engine.served_name or cfg.model.name
+    if cfg.cluster.kind == "ray":
+        with _ray_engines(cfg, model_path, run_dir, n, served) as engines:
+            yield engines, served
+        return
     urls = engine_urls(cfg.engine.base_url)
     if urls:
         engines = [Engine(u) for u in urls]
@@ -95,22 +116,37 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
         engines = []
         for i in range(n):
             log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
-            server = VLLMServer(VLLMServerConfig(
-                model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
-                kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
-                extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
-                startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path))
+            server = VLLMServer(_server_config(cfg, model_path, served, log_path))
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)
         yield engines, served
 
 
-def write_engines(run_dir: Path, engines: list[Engine]) -> None:
-    """``RUN_DIR/engines.json``: each replica's URL, and for a managed one its pid (process group) and log."""
-    rows = [{"replica": i, "url": e.root, "managed": e.server is not None,
-             "pid": e.server.pid if e.server else None,
-             "log": str(e.server.log_path) if e.server and e.server.log_path else None} for i, e in enumerate(engines)]
+@contextlib.contextmanager
+def _ray_engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int, served: str) -> Iterator[list[Any]]:
+    """``cluster=ray``: ``n`` replicas as Ray actors (sao.rl.ray_replicas), each starting the managed
+    vLLM on its node from ``model_path`` (shipped there, or read from the shared filesystem)."""
+    import uuid
+
+    from sao.rl.ray_engine import VLLMLaunch
+    from sao.rl.ray_replicas import RayFleet
+
+    c = cfg.cluster
+    if c.weights == "shared_dir" and not run_dir.resolve().is_relative_to(Path(c.shared_dir or "/").resolve()):
+        raise ConfigError(f"cluster.weights=shared_dir: the run folder {run_dir.resolve()} must lie under "
+                          f"cluster.shared_dir={c.shared_dir}, which every node mounts at the same path")
+    launch = VLLMLaunch(_server_config(cfg, model_path, served, None))
+    with RayFleet(c, n, launch, Path(model_path), run_id=f"{run_dir.name}-{uuid.uuid4().hex[:8]}",
+                  start_timeout_s=cfg.engine.startup_timeout_s) as fleet:
+        write_engines(run_dir, fleet.engines)
+        yield fleet.engines
+
+
+def write_engines(run_dir: Path, engines: list[Any]) -> None:
+    """``RUN_DIR/engines.json``: each replica's URL, and for a managed one its pid (process group) and
+    log; a Ray replica's node too (its id and IP), and its restarts."""
+    rows = [{"replica": i, **e.row()} for i, e in enumerate(engines)]
     tmp = run_dir / "engines.json.tmp"
     tmp.write_text(json.dumps(rows, indent=2) + "\n")
     tmp.replace(run_dir / "engines.json")
@@ -187,12 +223,17 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], thread
     model_path = await thread.run(ensure_model, cfg.model.name)
     await thread.run(torch.manual_seed, cfg.seed)
     with contextlib.ExitStack() as ranks_stack:
+        host = None
+        if cfg.cluster.kind == "ray":  # imports ray; cluster=local never does
+            from sao.rl.ray_cluster import connect
+
+            host = ranks_stack.enter_context(connect(cfg.cluster))
         if cfg.learner.world_size == 1:
             learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic)
         else:  # data-parallel: this process is rank 0 (sao.rl.dp_launch)
-            from sao.rl.dp_launch import LearnerRanks
+            from sao.rl.dp_launch import learner_ranks
 
-            ranks = ranks_stack.enter_context(LearnerRanks(cfg, model_path))
+            ranks = ranks_stack.enter_context(learner_ranks(cfg, model_path, host=host))
             learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic,
                                        data_parallel=ranks.data_parallel(), device=ranks.device)
             algo = await thread.run(ranks.lead, algo, learner)
@@ -217,16 +258,25 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
     with _engines(cfg, engine_model, run_dir, n) as (engines, served):
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
-            controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]
-            for control in controls:  # a tied engine head would never take an update (sao.rl.sync)
-                await check_engine_untied(control)
-            clients = []
-            for root in roots:
-                client = OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
-                                                retry=RetryPolicy(),
-                                                max_connections=max(cfg.rollout.concurrency, cfg.eval.concurrency))
-                stack.push_async_callback(client.aclose)
-                clients.append(client)
+            def completions(root: str) -> OpenAICompletionClient:
+                return OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
+                                              retry=RetryPolicy(),
+                                              max_connections=max(cfg.rollout.concurrency, cfg.eval.concurrency))
+
+            if cfg.cluster.kind == "ray":  # each replica's URL changes when it comes back on another node
+                # (its engine started from the untied copy this run exported and shipped: nothing to check)
+                controls, clients = _following(engines, completions)
+                for x in (*controls, *clients):
+                    stack.push_async_callback(x.aclose)
+            else:
+                controls = [await stack.enter_async_context(EngineClient(root)) for root in roots]
+                for control in controls:  # a tied engine head would never take an update (sao.rl.sync)
+                    await check_engine_untied(control)
+                clients = []
+                for root in roots:
+                    client = completions(root)
+                    stack.push_async_callback(client.aclose)
+                    clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
             if cfg.rollout.mode == "sync":
                 # a managed engine that dies is restarted and given the current weights (sao.rl.watched_sync)
@@ -252,6 +302,16 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
             return await trainer.run()
 
 
+def _following(engines: list[Any], completions: Any) -> tuple[list[Any], list[Any]]:
+    """The controls and clients of Ray replicas, following each one's current URL (sao.rl.following);
+    a weight reload first ships the version to the replica's node (RayEngine.localize)."""
+    from sao.rl.following import FollowingClient, FollowingControl
+
+    controls = [FollowingControl(e.url, EngineClient, localize=e.localize) for e in engines]
+    clients = [FollowingClient(e.url, completions) for e in engines]
+    return controls, clients
+
+
 def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple[Any, ValueModel | None]:
     """``model.lora``: adapters on the policy, and on the critic's MLP when ``model.lora.critic``."""
     lora = cfg.model.lora
@@ -272,7 +332,7 @@ def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple
     return policy, value
 
 
-def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], clients: list[Any], controls: list[Any],
+def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Any], clients: list[Any], controls: list[Any],
                   tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> RolloutSource:
     """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
     from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
@@ -286,7 +346,12 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Engine], client
             return await runner(client, task_id=ref.task_id, sample=sample, seed=seed)
 
     r, config = cfg.rollout, scheduler_config(cfg)
-    def replica(engine: Engine, client: Any, control: Any) -> Replica:
+    def replica(engine: Any, client: Any, control: Any) -> Replica:
+        if not isinstance(engine, Engine):  # a Ray replica (sao.rl.ray_replicas): a new actor, maybe elsewhere
+            async def restart_actor() -> None:
+                await asyncio.to_thread(engine.restart)
+
+            return Replica(client, control, alive=engine.alive, restart=restart_actor)
         server = engine.server
         if server is None:  # external: watched through /health, restarted by whoever runs it
             return Replica(client, control)

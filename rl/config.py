@@ -274,6 +274,72 @@ class LearnerRanksConfig:
 
 
 @dataclass
+class RayResources:
+    """What one Ray actor asks of its node: CPUs, GPUs, and custom resources (``{node1: 1}`` pins it
+    to nodes started with ``ray start --resources '{"node1": 4}'``)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def options(self) -> dict[str, Any]:
+        """``ray.remote(...).options(**...)`` / a placement-group bundle's keyword form."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+
+    def bundle(self) -> dict[str, float]:
+        """A placement-group bundle (its resource names as Ray spells them)."""
+        out = {"CPU": float(self.num_cpus), **{k: float(v) for k, v in self.resources.items()}}
+        if self.num_gpus:
+            out["GPU"] = float(self.num_gpus)
+        return {k: v for k, v in out.items() if v > 0}
+
+
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+WEIGHT_TRANSPORTS = ("object_store", "shared_dir")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the run's processes live (``conf/cluster``): ``local`` (this machine: engines as
+    subprocesses, learner ranks spawned here) or ``ray`` (:mod:`sao.rl.ray_cluster`: an existing Ray
+    cluster at ``address``; each engine replica a Ray actor placed through a placement group of
+    ``placement`` strategy with ``engine`` resources a replica, learner ranks 1..N-1 Ray actors with
+    ``learner`` resources). ``weights``: how replicas on other nodes get each version:
+    ``object_store`` (the version's files through Ray's object store into a node-local folder under
+    ``node_dir``) or ``shared_dir`` (the run folder lies under ``shared_dir``, a filesystem every node
+    mounts at the same path: the replicas read it directly)."""
+
+    kind: str = "local"  # local | ray
+    address: str = "auto"  # ray.init(address=...): auto, or HOST:PORT of the head's GCS
+    namespace: str = "sao"
+    placement: str = "SPREAD"  # the replicas' placement group: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    engine: RayResources = field(default_factory=RayResources)  # each engine replica's actor
+    learner: RayResources = field(default_factory=RayResources)  # each learner rank 1..N-1
+    weights: str = "object_store"  # object_store | shared_dir
+    shared_dir: str | None = None  # weights=shared_dir: the shared mount the run folder lies under
+    node_dir: str | None = None  # a replica's folder on its node (model, versions, vLLM log); null: TMPDIR/sao-ray
+    ping_s: float = 1.0  # seconds between the driver's liveness pings of each replica actor
+    placement_timeout_s: float = 300.0  # how long to wait for the cluster to hold a placement group or rank
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "ray"):
+            raise ValueError(f"cluster.kind={self.kind!r}: known local, ray (cluster=local|ray)")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"cluster.placement={self.placement!r}: known {', '.join(PLACEMENTS)}")
+        if self.weights not in WEIGHT_TRANSPORTS:
+            raise ValueError(f"cluster.weights={self.weights!r}: known {', '.join(WEIGHT_TRANSPORTS)}")
+        if self.weights == "shared_dir" and not self.shared_dir:
+            raise ValueError("cluster.weights=shared_dir needs cluster.shared_dir: the folder every node mounts "
+                             "at the same path, which output_dir lies under")
+        for name in ("engine", "learner"):
+            r = getattr(self, name)
+            if r.num_cpus < 0 or r.num_gpus < 0 or any(v < 0 for v in r.resources.values()):
+                raise ValueError(f"cluster.{name}: resources must be >= 0, got {r}")
+        if self.ping_s <= 0 or self.placement_timeout_s <= 0:
+            raise ValueError("cluster.ping_s and cluster.placement_timeout_s must be > 0")
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 16  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
@@ -294,6 +360,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # online learning: the task distribution
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out accuracy before, during and after
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local | ray (scale-out)
 
 
 class ConfigError(ValueError):
@@ -397,6 +464,19 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"model.activation_checkpointing must be auto, true or false, "
                           f"got {cfg.model.activation_checkpointing!r}")
     validate_lora(cfg.model.lora)
+    validate_cluster(cfg)
+
+
+def validate_cluster(cfg: TrainConfig) -> None:
+    """``cluster=ray`` places the engine replicas itself: a scheduled rollout mode, no external engines."""
+    if cfg.cluster.kind != "ray":
+        return
+    if cfg.rollout.mode == "sync":
+        raise ConfigError("cluster=ray runs the engine replicas as Ray actors under a scheduled rollout mode; "
+                          "set rollout=async (or one_step_off, multi_version, pipe)")
+    if engine_urls(cfg.engine.base_url):
+        raise ConfigError("cluster=ray starts its own engine replicas on the cluster; leave engine.base_url unset "
+                          "(or use cluster=local with external engines)")
 
 
 def activation_checkpointing(cfg: TrainConfig) -> bool:

@@ -7,8 +7,9 @@ process), and hands rank 0 its :class:`~sao.rl.data_parallel.DataParallel` and t
 a GPU per rank, gloo otherwise (``learner.backend`` forces one). The ranks share the machine's cores:
 each gets ``learner.threads`` torch threads (default: cores / world_size).
 
-Ranks on other machines join the same way through Ray actors (issue 12's cluster group); what runs
-inside a rank (:func:`sao.rl.dp_ranks.follow`) does not change.
+With ``cluster=ray`` the followers are Ray actors on the cluster's nodes instead
+(:class:`sao.rl.ray_learner.RayLearnerRanks`, chosen by :func:`learner_ranks`); what runs inside a
+rank (:func:`serve_rank`, then :func:`sao.rl.dp_ranks.follow`) does not change.
 """
 
 from __future__ import annotations
@@ -81,27 +82,43 @@ def _init(p: RankPlan, rank: int) -> Channel:
 
 
 def _follower(rank: int, cfg: TrainConfig, model_path: str, p: RankPlan) -> None:
-    """Rank ``rank`` >= 1: the same learner as rank 0's, running rank 0's calls until it stops."""
+    """Rank ``rank`` >= 1 as a process of this machine (its entry point)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
+    exit_with_parent()
+    serve_rank(rank, cfg, model_path, p, device=p.device(rank))
+
+
+def serve_rank(rank: int, cfg: TrainConfig, model_path: str, p: RankPlan, *, device: str) -> int:
+    """Rank ``rank`` >= 1: the same learner as rank 0's on ``device``, running rank 0's calls until
+    it stops; returns the calls run. The body of a follower process or Ray actor alike."""
     from sao.rl.algos import make_algorithm
     from sao.rl.build import make_learner
     from sao.rl.memory import configure_allocator
 
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
-    exit_with_parent()
     configure_allocator()
     torch.set_num_threads(p.threads)
     torch.manual_seed(cfg.seed)
     if p.backend == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(torch.device(device))
     channel = _init(p, rank)
     try:
         algo = make_algorithm(cfg.algo)
-        learner = make_learner(cfg, model_path, algo.uses_critic, data_parallel=DataParallel(),
-                               device=p.device(rank))
+        learner = make_learner(cfg, model_path, algo.uses_critic, data_parallel=DataParallel(), device=device)
         calls = follow(learner, algo, channel)
         log.info("rank %d: done after %d learner calls", rank, calls)
+        return calls
     finally:
         dist.destroy_process_group()
+
+
+def learner_ranks(cfg: TrainConfig, model_path: str, *, host: str | None = None) -> Any:
+    """The follower ranks of ``learner.world_size > 1``: processes of this machine (``cluster=local``),
+    or Ray actors reaching rank 0 at ``host``, this node's IP (``cluster=ray``)."""
+    if cfg.cluster.kind == "ray":
+        from sao.rl.ray_learner import RayLearnerRanks
+
+        return RayLearnerRanks(cfg, model_path, host=host)
+    return LearnerRanks(cfg, model_path)
 
 
 class LearnerRanks:
