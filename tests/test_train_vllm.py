@@ -244,7 +244,7 @@ def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
 
 def test_default_run_memory_is_bounded_and_the_engine_follows_the_learner(restore_engine, tmp_path: Path) -> None:
     """The default configuration (SAO, the default batch, learning rate, precision and micro-batching),
-    7 policy steps on the session's vLLM, in a fresh `sao-train` process as a user runs it (no
+    6 policy steps (issue 13's minimum) on the session's vLLM, in a fresh `sao-train` process as a user runs it (no
     allocator variable: the entry point sets glibc up itself; this test removes MALLOC_ARENA_MAX from
     the child's environment). Before issue 13's fixes it was OOM-killed at step 3 (17-19 GB).
 
@@ -258,13 +258,13 @@ def test_default_run_memory_is_bounded_and_the_engine_follows_the_learner(restor
     run_dir = tmp_path / "default"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     try:
-        out = subprocess.run([str(exe), f"output_dir={run_dir}", "max_steps=7", "eval.enabled=false",
+        out = subprocess.run([str(exe), f"output_dir={run_dir}", "max_steps=6", "eval.enabled=false",
                               "checkpoint_every=100", "keep_checkpoints=1", "logger.tensorboard=false",
                               f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"],
                              capture_output=True, text=True, timeout=1500, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         rows = [r for r in lines(run_dir / "metrics.jsonl") if r["step"] >= 1]
-        assert [r["step"] for r in rows] == list(range(1, 8))
+        assert [r["step"] for r in rows] == list(range(1, 7))
         peaks = [r["perf/rss_gb"] for r in rows]
         for r in rows:
             print(f"\nstep {r['step']}: rss {r['perf/rss_gb']:.2f} GB, update {r['perf/update_s']:.1f} s, gap "
