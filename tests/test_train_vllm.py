@@ -127,16 +127,18 @@ def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
               f"engine.base_url={server.root_url}", "logger.tensorboard=false", "optim.lr=1e-4", "eval.enabled=false"]
     try:
         sweep = tmp_path / "sweep"
-        out = subprocess.run([str(exe), "-m", "algo=sao,grpo", "seed=1,2", f"output_dir={sweep}", *common],
+        # two runs, not four (CI time: each is a process start, a model load and an SAO checkpoint of ~3 GB);
+        # seed=3 is not swept, so the folders name the algorithm only, and every run gets seed 3
+        out = subprocess.run([str(exe), "-m", "algo=sao,grpo", "seed=3", f"output_dir={sweep}", *common],
                              capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, out.stderr[-3000:]
         folders = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
-        assert folders == ["algo=grpo,seed=1", "algo=grpo,seed=2", "algo=sao,seed=1", "algo=sao,seed=2"], folders
+        assert folders == ["algo=grpo", "algo=sao"], folders
         for name in folders:
             rows = lines(sweep / name / "metrics.jsonl")
             assert len(rows) == 1 and rows[0]["step"] == 1
             config = json.loads((sweep / name / "config.json").read_text())
-            assert f"algo={config['algo']['name']},seed={config['seed']}" == name
+            assert f"algo={config['algo']['name']}" == name and config["seed"] == 3
             assert (sweep / name / "checkpoints" / "latest").is_file()
 
         single = tmp_path / "single"
