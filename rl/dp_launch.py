@@ -121,14 +121,45 @@ def learner_ranks(cfg: TrainConfig, model_path: str, *, host: str | None = None)
     return LearnerRanks(cfg, model_path)
 
 
-class LearnerRanks:
+class RankZero:
+    """What rank 0 does the same whoever started its followers (processes here, or Ray actors:
+    :class:`~sao.rl.ray_learner.RayLearnerRanks`): its device, its data-parallel view, leading the
+    followers, and telling them to stop. A subclass sets ``plan`` and, once the group exists, ``channel``."""
+
+    plan: RankPlan
+    channel: Channel | None = None
+
+    @property
+    def device(self) -> str:
+        return self.plan.device(0)
+
+    def data_parallel(self) -> DataParallel:
+        return DataParallel()
+
+    def lead(self, algo: Any, learner: Learner) -> LeaderAlgorithm:
+        """Rank 0's algorithm, after every rank has taken rank 0's initial learner state."""
+        assert self.channel is not None
+        leader = LeaderAlgorithm(algo, self.channel, learner)
+        leader.share()
+        return leader
+
+    def tell_stop(self) -> None:
+        """Send the followers "stop"; a follower that died cannot be told (the caller ends it)."""
+        try:
+            if self.channel is not None:
+                self.channel.send("stop")
+        except Exception as err:  # noqa: BLE001 - a dead follower is ended by the caller
+            log.warning("learner ranks: could not send stop (%s)", err)
+
+
+class LearnerRanks(RankZero):
     """The follower ranks of a run, started on enter and stopped on exit (module doc)."""
 
     def __init__(self, cfg: TrainConfig, model_path: str) -> None:
         self.cfg, self.model_path = cfg, model_path
         self.plan = plan(cfg)
         self.processes: list[Any] = []
-        self.channel: Channel | None = None
+        self.channel = None
 
     def __enter__(self) -> LearnerRanks:
         p = self.plan
@@ -146,26 +177,8 @@ class LearnerRanks:
                  p.backend, p.threads, ", ".join(str(x.pid) for x in self.processes))
         return self
 
-    @property
-    def device(self) -> str:
-        return self.plan.device(0)
-
-    def data_parallel(self) -> DataParallel:
-        return DataParallel()
-
-    def lead(self, algo: Any, learner: Learner) -> LeaderAlgorithm:
-        """Rank 0's algorithm, after every rank has taken rank 0's initial learner state."""
-        assert self.channel is not None
-        leader = LeaderAlgorithm(algo, self.channel, learner)
-        leader.share()
-        return leader
-
     def __exit__(self, *exc: Any) -> None:
-        try:
-            if self.channel is not None:
-                self.channel.send("stop")
-        except Exception as err:  # a follower died: it cannot be told, it is terminated below
-            log.warning("learner ranks: could not send stop (%s)", err)
+        self.tell_stop()
         for proc in self.processes:
             proc.join(timeout=60)
             if proc.is_alive():

@@ -34,10 +34,8 @@ import torch
 import torch.distributed as dist
 
 from sao.rl.config import ConfigError, TrainConfig
-from sao.rl.data_parallel import DataParallel
-from sao.rl.dp_launch import RankPlan, _init, serve_rank
-from sao.rl.dp_ranks import Channel, LeaderAlgorithm
-from sao.rl.learner import Learner
+from sao.rl.dp_launch import RankPlan, RankZero, _init, serve_rank
+from sao.rl.dp_ranks import Channel
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +77,9 @@ def ray_plan(cfg: TrainConfig, host: str) -> RankPlan:
     return RankPlan(n, backend, f"tcp://{host}:{_free_port(host)}", threads)
 
 
-class RayLearnerRanks:
-    """Ranks 1..N-1 as Ray actors, started on enter and stopped on exit (module doc); the same
-    interface as :class:`~sao.rl.dp_launch.LearnerRanks`."""
+class RayLearnerRanks(RankZero):
+    """Ranks 1..N-1 as Ray actors, started on enter and stopped on exit (module doc); rank 0's side is
+    :class:`~sao.rl.dp_launch.RankZero`'s, as for :class:`~sao.rl.dp_launch.LearnerRanks`."""
 
     def __init__(self, cfg: TrainConfig, model_path: str, *, host: str | None = None) -> None:
         import ray
@@ -144,28 +142,10 @@ class RayLearnerRanks:
             raise box["error"]
         return box["channel"]
 
-    @property
-    def device(self) -> str:
-        return "cuda:0" if self.plan.backend == "nccl" else "cpu"
-
-    def data_parallel(self) -> DataParallel:
-        return DataParallel()
-
-    def lead(self, algo: Any, learner: Learner) -> LeaderAlgorithm:
-        """Rank 0's algorithm, after every rank has taken rank 0's initial learner state."""
-        assert self.channel is not None
-        leader = LeaderAlgorithm(algo, self.channel, learner)
-        leader.share()
-        return leader
-
     def __exit__(self, *exc: object) -> None:
         import ray
 
-        try:
-            if self.channel is not None:
-                self.channel.send("stop")
-        except Exception as err:  # noqa: BLE001 - a rank died: it cannot be told, it is killed below
-            log.warning("learner ranks: could not send stop (%s)", err)
+        self.tell_stop()
         failed: list[str] = []
         for rank, run in enumerate(self.runs, start=1):
             try:
