@@ -81,7 +81,8 @@ def _tree(pid: int) -> set[int]:
 # --------------------------------------------------------------------------- without a server
 
 
-def test_config_and_client_validate_their_arguments() -> None:
+def test_config_and_client_validate_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAO_VLLM_ARGS", raising=False)
     with pytest.raises(ValueError, match="kv_cache_gib"):
         VLLMServerConfig(model="m", kv_cache_gib=1.5)  # type: ignore[arg-type]
     assert VLLMServerConfig(model="m", kv_cache_gib=1.0).environment()["VLLM_CPU_KVCACHE_SPACE"] == "1"  # type: ignore[arg-type]
@@ -95,6 +96,10 @@ def test_config_and_client_validate_their_arguments() -> None:
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["X"] == "1"
     with pytest.raises(ValueError, match="without /v1"):
         EngineClient("http://127.0.0.1:8000/v1")
+    # $SAO_VLLM_ARGS reaches every managed engine, after the config's own arguments
+    monkeypatch.setenv("SAO_VLLM_ARGS", "-O0 --seed '2'")
+    cmd = VLLMServerConfig(model="/m", extra_args=("--seed", "1")).command(1)
+    assert cmd[-5:] == ["--seed", "1", "-O0", "--seed", "2"]
 
 
 def test_health_is_false_and_calls_fail_when_nothing_listens() -> None:

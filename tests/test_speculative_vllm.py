@@ -1,8 +1,9 @@
 """Suffix decoding keeps sampling exact: on the real vLLM with the bundled model, the log-probs the engine
 records with speculation on are the target model's, as with it off.
 
-The same seeded episodes run on two engines, one after the other (never two at once): a plain one
-and one started with ``--speculative-config {"method": "suffix"}``. The learner's scoring code
+The same seeded episodes run on two engines, one after the other: the session's shared one (plain, served
+as sao-train serves it) and one started with ``--speculative-config {"method": "suffix"}`` and otherwise
+the same configuration (one engine start, not two: CI time). The learner's scoring code
 (``sao.rl.batch.collate`` and ``sao.rl.learner.token_logprobs``, as behind ``rollout/logprob_gap``)
 scores both sets of trajectories with the HF model; the gap |engine log-prob - HF log-prob| at
 action tokens must stay within 0.01 of the gap without speculation (issue 11, WAR).
@@ -48,17 +49,22 @@ def _episodes(server: VLLMServer, tokenizer, temperature: float) -> list:  # typ
     return asyncio.run(go())
 
 
+def _measured(server: VLLMServer, tokenizer):  # type: ignore[no-untyped-def]
+    before = read_metrics(server.root_url)
+    runs = {t: _episodes(server, tokenizer, t) for t in (1.0, 0.0)}
+    return runs, read_metrics(server.root_url).since(before)
+
+
 def _run(model_dir, log, speculative: SpeculativeConfig, tokenizer):  # type: ignore[no-untyped-def]
+    # the shared engine's configuration (tests/conftest.py: vllm_server), with speculation
     config = VLLMServerConfig(model=str(model_dir), served_model_name="smollm2-135m", max_model_len=2048,
                               kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE, speculative=speculative)
     with VLLMServer(config) as server:
-        before = read_metrics(server.root_url)
-        runs = {t: _episodes(server, tokenizer, t) for t in (1.0, 0.0)}
-        return runs, read_metrics(server.root_url).since(before)
+        return _measured(server, tokenizer)
 
 
 @pytest.fixture(scope="module")
-def both(engine_model_dir, tmp_path_factory):  # type: ignore[no-untyped-def]
+def both(vllm_server, engine_model_dir, tmp_path_factory):  # type: ignore[no-untyped-def]
     try:
         import arctic_inference  # noqa: F401
         import vllm  # noqa: F401
@@ -68,7 +74,7 @@ def both(engine_model_dir, tmp_path_factory):  # type: ignore[no-untyped-def]
 
     tokenizer = AutoTokenizer.from_pretrained(engine_model_dir)
     logs = tmp_path_factory.mktemp("spec")
-    off = _run(engine_model_dir, logs / "off.log", SpeculativeConfig(), tokenizer)
+    off = _measured(vllm_server, tokenizer)  # the plain engine: the session's, with the prepared weights
     on = _run(engine_model_dir, logs / "on.log", SpeculativeConfig("suffix"), tokenizer)
     return off, on
 

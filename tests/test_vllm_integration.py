@@ -44,14 +44,8 @@ def _check_outputs(out: Path, n_tasks: int, samples: int) -> dict:
     return summary
 
 
-def test_sao_eval_arithmetic_starts_its_own_engine(smollm2_dir, tmp_path):
-    out = tmp_path / "eval"
-    proc = subprocess.run([SAO_EVAL, "arithmetic", "--limit", "8", "--samples", "2", "--max-tokens", "128",
-                           "--output", str(out)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = _check_outputs(out, 8, 2)
-    assert set(summary["pass@k"]) == {"1", "2"}
-    assert (out / "vllm.log").stat().st_size > 0
+# `sao-eval` with its own engine (no --base-url) is checked by the same _check_outputs in
+# tests/faults/test_eval_faults.py, whose run starts its own engine (and a second one after the kill).
 
 
 def test_sao_eval_imo_answerbench_from_local_csv(vllm_server, tmp_path):

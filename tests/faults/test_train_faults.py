@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 STEPS = 3
 TINY = ["algo=grpo", "batch_size=4", "eval.enabled=false", "env.max_tokens=32",
         "engine.kv_cache_gib=1", "checkpoint_every=1", "keep_checkpoints=2", "logger.tensorboard=false"]
+NO_COMPILE = "engine.extra_args=[-O0]"  # managed engines of a few steps: a start without torch.compile is 27 s shorter
 
 
 def assert_every_step_once(run: Path, steps: int = STEPS) -> None:
@@ -107,7 +108,7 @@ def test_sync_training_restarts_a_killed_engine_and_sigterm_then_stops_it_cleanl
        resumes from step 2's checkpoint and ends with every step and episode once."""
     require_vllm()
     run, log = tmp_path / "run", tmp_path / "train.log"
-    proc = start([f"output_dir={run}", f"max_steps={STEPS}", *TINY], log)
+    proc = start([f"output_dir={run}", f"max_steps={STEPS}", *TINY, NO_COMPILE], log)
     seen: dict[int, object] = {}
     try:
         wait_for("a checkpoint of step 1", lambda: (run / "checkpoints" / "latest").is_file(), proc, log)
@@ -226,12 +227,12 @@ def test_a_full_disk_during_a_checkpoint_stops_sao_train_with_one_line(restore_e
 
 
 @pytest.mark.timeout(1800)  # its run and its resume may each take 900 s; on a shared machine together past 900 s
-def test_async_sao_survives_a_killed_replica_and_resumes(smollm2_dir: Path, tmp_path: Path) -> None:
+def test_async_sao_survives_a_killed_replica_and_resumes(restore_engine, smollm2_dir: Path, tmp_path: Path) -> None:
     """`sao-train rollout=async` with two managed vLLM replicas; replica 1's process group is killed
     (SIGKILL, as the OOM killer would) as the first scheduled batch starts. The run notices, re-queues what was in flight
     on it, restarts it on its port, syncs it to the newest weights, and finishes with nothing lost
-    and staleness within k. Then the run is resumed (on one replica) for two more steps: no prompt
-    is trained twice across the whole run. (Moved from ``tests/test_train_vllm.py``.)"""
+    and staleness within k. Then the run is resumed (on one replica: the session's engine, one start fewer) for
+    two more steps: no prompt is trained twice across the whole run. (Moved from ``tests/test_train_vllm.py``.)"""
     import psutil
 
     print(f"\ntest process RSS before the run: {psutil.Process().memory_info().rss / 2**30:.1f} GiB")
@@ -241,7 +242,7 @@ def test_async_sao_survives_a_killed_replica_and_resumes(smollm2_dir: Path, tmp_
               "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger.tensorboard=false"]
     try:
         steps = 10  # long enough for the killed replica to come back (a vLLM start takes about a minute)
-        proc = subprocess.Popen([SAO_TRAIN, f"max_steps={steps}", "rollout.replicas=2", *common],
+        proc = subprocess.Popen([SAO_TRAIN, f"max_steps={steps}", "rollout.replicas=2", *common, NO_COMPILE],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 900
         metrics, pretrain = run_dir / "metrics.jsonl", run_dir / "value_pretrain.jsonl"
@@ -267,7 +268,8 @@ def test_async_sao_survives_a_killed_replica_and_resumes(smollm2_dir: Path, tmp_
                           f"{r['rollout/requeued']:.0f}, deaths {r['rollout/replica_deaths']:.0f}, restarts "
                           f"{r['rollout/replica_restarts']:.0f}, live {r['rollout/replicas_live']:.0f}" for r in rows))
 
-        resumed = subprocess.run([SAO_TRAIN, f"max_steps={steps + 2}", "resume=true", "rollout.replicas=1", *common],
+        resumed = subprocess.run([SAO_TRAIN, f"max_steps={steps + 2}", "resume=true", "rollout.replicas=1", *common,
+                                  f"engine.base_url={restore_engine.root_url}"],
                                  capture_output=True, text=True, timeout=900)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
         assert "re-admitting" in resumed.stdout + resumed.stderr  # the checkpoint held prompts in flight
