@@ -8,6 +8,7 @@ only these typed objects travel; no ``DictConfig`` is passed around.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,6 +255,9 @@ class EvalConfig:
     concurrency: int = 64
 
 
+SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.sharding.STRATEGIES
+
+
 @dataclass
 class LearnerRanksConfig:
     """The learner's processes (sao.rl.dp_ranks): ``world_size`` data-parallel ranks on this machine,
@@ -263,10 +267,23 @@ class LearnerRanksConfig:
     backend: str = "auto"  # auto | gloo | nccl
     # torch threads of each rank; null: the machine's cores / world_size (ranks share the cores)
     threads: int | None = None
+    # how the models are laid out over the ranks (sao.rl.sharding): replicate (every rank holds the
+    # whole model, gradients all-reduced) | fsdp2 (FSDP2 shards, world_size >= 2; a seam so far:
+    # sao-train refuses it, and the module doc says what is missing)
+    sharding: str = "replicate"
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"learner.world_size must be >= 1, got {self.world_size}")
+        if self.sharding not in SHARDINGS:
+            close = difflib.get_close_matches(self.sharding, SHARDINGS, n=1)
+            raise ValueError(f"unknown learner.sharding {self.sharding!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else "")
+                             + f" (known: {', '.join(SHARDINGS)})")
+        if self.sharding == "fsdp2" and self.world_size < 2:
+            raise ValueError("learner.sharding=fsdp2 splits each parameter over the data-parallel ranks and needs "
+                             f"learner.world_size >= 2 (got {self.world_size}): with one rank the shard is the "
+                             "whole model and nothing is saved; set learner.world_size=N or learner.sharding=replicate")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"learner.backend={self.backend!r}: known auto, gloo, nccl")
         if self.threads is not None and self.threads < 1:

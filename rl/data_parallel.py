@@ -14,9 +14,10 @@ Rows go to ranks interleaved (rank r takes rows r, r + N, ...), so on a length-s
 rank gets a similar mix of short and long rows. A rank whose share is empty (a batch, or one of
 RolloutPipe's parts, with fewer rows than ranks) contributes zero gradients.
 
-This is the seam a model too large for one device plugs into as well: FSDP2 (``fully_shard``) keeps
-this contract (whole-batch normalizer, per-rank rows, summed gradients) and replaces only
-:meth:`DataParallel.sum_grads`, which FSDP's reduce-scatter does itself.
+This is the seam a model too large for one device plugs into as well: FSDP2 (``fully_shard``,
+:mod:`sao.rl.sharding`) keeps this contract (whole-batch normalizer, per-rank rows, summed gradients)
+and replaces only :meth:`DataParallel.sum_grads`, which FSDP's reduce-scatter does itself: build
+``DataParallel(reduce_grads=False)`` for such models, or every gradient is summed twice.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ from sao.rl.batch import Batch
 class DataParallel:
     """This process's rank of a data-parallel learner (the process group must be initialized)."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, *, reduce_grads: bool = True) -> None:
+        """``reduce_grads=False``: the models' wrapper sums the gradients over the ranks itself (FSDP2's
+        reduce-scatter, :attr:`sao.rl.sharding.ModelSharding.reduces_grads`); :meth:`sum_grads` is then
+        a no-op."""
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DataParallel needs an initialized torch.distributed process group "
                                "(torch.distributed.init_process_group)")
-        self.group = group
+        self.group, self.reduce_grads = group, reduce_grads
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
 
     def share(self, n: int) -> Tensor:
@@ -50,7 +54,10 @@ class DataParallel:
 
     def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` (those that train) over the ranks, in place, in one
-        all-reduce of a flat buffer per dtype. A parameter without a gradient on this rank counts 0."""
+        all-reduce of a flat buffer per dtype. A parameter without a gradient on this rank counts 0.
+        Nothing to do when the wrapper reduced them already (``reduce_grads=False``)."""
+        if not self.reduce_grads:
+            return
         params = [p for p in params if p.requires_grad]
         for p in params:
             if p.grad is None:

@@ -29,6 +29,7 @@ from sao.rl.config import ConfigError, TrainConfig
 from sao.rl.data_parallel import DataParallel
 from sao.rl.dp_ranks import Channel, LeaderAlgorithm, exit_with_parent, follow
 from sao.rl.learner import Learner
+from sao.rl.sharding import make_sharding, require_trainer_support
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,9 @@ def serve_rank(rank: int, cfg: TrainConfig, model_path: str, p: RankPlan, *, dev
 
 def learner_ranks(cfg: TrainConfig, model_path: str, *, host: str | None = None) -> Any:
     """The follower ranks of ``learner.world_size > 1``: processes of this machine (``cluster=local``),
-    or Ray actors reaching rank 0 at ``host``, this node's IP (``cluster=ray``)."""
+    or Ray actors reaching rank 0 at ``host``, this node's IP (``cluster=ray``). A ``learner.sharding``
+    the trainer cannot run yet (fsdp2, sao.rl.sharding) is refused here, before any rank starts."""
+    require_trainer_support(make_sharding(cfg.learner.sharding))
     if cfg.cluster.kind == "ray":
         from sao.rl.ray_learner import RayLearnerRanks
 

@@ -31,8 +31,7 @@ def _group_alive(pid: int) -> bool:
     return True
 
 
-def test_two_real_replicas_route_turns_to_their_prefix_and_survive_a_killed_one(tmp_path, smollm2_dir, monkeypatch):
-    monkeypatch.setenv("SAO_VLLM_ARGS", "-O0")  # no torch.compile: two short-lived engines (agents/engine.py)
+def test_two_real_replicas_route_turns_to_their_prefix_and_survive_a_killed_one(tmp_path, smollm2_dir):
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
