@@ -209,7 +209,9 @@ def _start_scripted_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int
     model = require_vllm()
     script, ready, port = tmp_path / "serve.py", tmp_path / "ready.json", free_port()
     script.write_text(_STOP_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), model, str(port), str(ready)])
+    # -O0: no torch.compile for an engine started only to be stopped (agents/engine.py env_args)
+    proc = subprocess.Popen([sys.executable, str(script), model, str(port), str(ready)],
+                            env={**os.environ, "SAO_VLLM_ARGS": "-O0"})
     deadline = time.monotonic() + 600
     while not ready.exists():
         if proc.poll() is not None:

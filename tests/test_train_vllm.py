@@ -199,26 +199,9 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def test_async_sao_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
-    """rollout=async on the session's vLLM (one replica): weights published and reloaded under running
-    trajectories, staleness within k, nothing lost, the contract's rollout keys on every step."""
-    from sao.rl.build import run_training
-
-    server = restore_engine
-    cfg = real_config("sao", server, max_steps=3, value_pretrain_steps=1, keep_checkpoints=1)
-    cfg = replace(cfg, rollout=replace(cfg.rollout, mode="async", staleness=1, concurrency=8))
-    try:
-        run_training(replace(cfg, output_dir=str(tmp_path / "async")), tmp_path / "async")
-        rows = lines(tmp_path / "async" / "metrics.jsonl")
-        assert [r["step"] for r in rows] == [1, 2, 3]
-        for r in rows:
-            assert r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= 1 and r["rollout/requeued"] is not None
-            assert math.isfinite(r["loss/policy"]) and math.isfinite(r["loss/value"])
-            print(f"\nasync step {r['step']}: staleness max {r['rollout/staleness_max']}, requeued "
-                  f"{r['rollout/requeued']}, engine v{r['engine/weight_version']}, step {r['perf/step_s']:.1f}s")
-        assert engine_call(server, lambda c: c.weight_version()) in ("2", "3")  # reloaded as versions came out
-    finally:
-        shutil.rmtree(tmp_path, ignore_errors=True)
+# rollout=async on real engines (weights reloaded under running trajectories, staleness within k,
+# nothing lost, the rollout keys on every step) is tests/faults/test_train_faults.py's
+# test_async_sao_survives_a_killed_replica_and_resumes, through sao-train itself.
 
 
 def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
