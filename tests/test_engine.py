@@ -31,6 +31,7 @@ import sao.agents.engine as engine_mod
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig, free_port
 from sao.agents.errors import EngineError, EngineStartError
 from sao.agents.model import is_prepared, prepare_model, resolve_model
+from tests.faults.procs import no_compile_env
 
 ALIAS = "smollm2-135m"
 # "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n" in SmolLM2's tokenizer.
@@ -209,9 +210,7 @@ def _start_scripted_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int
     model = require_vllm()
     script, ready, port = tmp_path / "serve.py", tmp_path / "ready.json", free_port()
     script.write_text(_STOP_SCRIPT)
-    # -O0: no torch.compile for an engine started only to be stopped (agents/engine.py env_args)
-    proc = subprocess.Popen([sys.executable, str(script), model, str(port), str(ready)],
-                            env={**os.environ, "SAO_VLLM_ARGS": "-O0"})
+    proc = subprocess.Popen([sys.executable, str(script), model, str(port), str(ready)], env=no_compile_env())
     deadline = time.monotonic() + 600
     while not ready.exists():
         if proc.poll() is not None:

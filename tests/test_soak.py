@@ -6,12 +6,13 @@ container may be left, and every record on disk must be whole."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.faults.procs import no_compile_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,7 @@ def test_soak_two_minutes_leaves_nothing_behind(tmp_path: Path, smollm2_dir: Pat
          "--swe-concurrency", "2", "--swe-max-steps", "4", "--math-max-tokens", "256", "--train-steps", "0",
          "--interval", "5", "--math-env", "arithmetic", "--out", str(out)],
         capture_output=True, text=True, timeout=840, check=False,
-        env={**os.environ, "SAO_VLLM_ARGS": "-O0"})  # no torch.compile for a 2-minute engine (agents/engine.py)
+        env=no_compile_env())  # a 2-minute engine: no torch.compile
     assert (out / "soak.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "soak.json").read_text())
     assert "error" not in result["episodes"], result["episodes"]

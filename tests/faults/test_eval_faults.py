@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.procs import API_SERVER, SAO_EVAL, count_lines, running, vllm_processes
+from tests.faults.procs import API_SERVER, SAO_EVAL, count_lines, no_compile_env, running, vllm_processes
 from tests.test_engine import require_vllm
 from tests.test_vllm_integration import _check_outputs as check_outputs
 
@@ -32,9 +32,8 @@ def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_pat
     require_vllm()
     out = tmp_path / "run"
     log = (tmp_path / "stderr.log").open("wb")
-    # -O0: no torch.compile (two engine starts; agents/engine.py env_args)
     proc = subprocess.Popen([SAO_EVAL, "arithmetic", "--limit", "16", "--samples", "2", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "SAO_VLLM_ARGS": "-O0"})
+                            stdout=subprocess.DEVNULL, stderr=log, env=no_compile_env())
     seen: dict[int, object] = {}  # every vLLM process of this run, to check at the end that none is left
     killed: dict[int, object] = {}  # the first engine's processes, at its death
     t0, deadline = time.monotonic(), time.monotonic() + 1500
