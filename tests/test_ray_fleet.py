@@ -13,6 +13,7 @@ ends. ``cluster=local`` never imports ray. The real run (vLLM, sao-train) is tes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -360,11 +361,16 @@ def test_async_training_survives_a_node_removed_mid_run(two_nodes, tmp_path: Pat
 
     killing, restarted = threading.Event(), threading.Event()
 
+    played = itertools.count()
+
     async def play(client, ref, sample, seed):  # type: ignore[no-untyped-def]
-        # from the kill on, episodes wait (up to 60 s) for the replica to be back, so that the run cannot
-        # end before the restart: a scripted step takes milliseconds, a restart seconds
-        started = time.monotonic()
-        while killing.is_set() and not restarted.is_set() and time.monotonic() - started < 60:
+        # the run must not end before the restart: a scripted step takes milliseconds, a restart seconds,
+        # and the async scheduler starts episodes steps ahead. So every episode past the first two
+        # steps' worth waits (up to 300 s) for the replica to be back, and so does any episode started
+        # once the node is being removed: steps 3 and 4 can only finish after the restart
+        started, index = time.monotonic(), next(played)
+        while ((killing.is_set() or index >= 2 * cfg.batch_size) and not restarted.is_set()
+               and time.monotonic() - started < 300):
             await asyncio.sleep(0.05)
         return await runner(client, task_id=ref.task_id, sample=sample, seed=seed)
 
@@ -410,6 +416,7 @@ def test_async_training_survives_a_node_removed_mid_run(two_nodes, tmp_path: Pat
         killer.join()
         rows = lines(tmp_path / "metrics.jsonl")
         back = engines[victim].row()
+    assert restarted.is_set(), "the run ended before the removed node's replica was restarted"
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= k for r in rows)
     final = trainer.source.stats()
