@@ -2,7 +2,8 @@
 
     resume from RUN_DIR/checkpoints/latest (resume=true), else start at step 0
     sync the learner's policy into the engine as version `step`      # the engine serves what we train
-    critic-only pretraining: value_pretrain_steps batches (critic algorithms only)
+    critic-only pretraining: value_pretrain_steps batches (critic algorithms only), while the
+        held-out baseline is evaluated at version 0
     for step in step+1 .. max_steps:
         batch   = source.next_batch(batch_size, version)              # finished, rewarded trajectories
         metrics = algo.update(learner, collate(batch))                # the critic's steps, one policy step
@@ -20,6 +21,8 @@ the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -198,8 +201,20 @@ class Trainer:
             if self.engine_metrics is not None:
                 await self.engine_metrics.start()  # the first step's window starts here
             if self.heldout is not None and state.step == 0:
-                sink.log(0, await self._evaluate(0))  # the baseline: before any policy step
-            await self._pretrain_critic(pretrain_sink)
+                # the baseline, before any policy step, at version 0, concurrent with the critic's
+                # pretraining, which samples from the same version 0 and trains on the learner's
+                # thread (the engine and the learner work at once instead of in turn)
+                baseline = asyncio.create_task(self._evaluate(0))
+                try:
+                    await self._pretrain_critic(pretrain_sink)
+                    sink.log(0, await baseline)
+                finally:
+                    if not baseline.done():  # the pretraining failed or was interrupted
+                        baseline.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await baseline
+            else:
+                await self._pretrain_critic(pretrain_sink)
             for step in range(state.step + 1, cfg.max_steps + 1):
                 last = await self._step(step)
                 if step == cfg.max_steps:

@@ -468,3 +468,44 @@ def test_swe_envs_cap_one_turns_answer() -> None:
         assert cli.to_config(compose("config")).env.max_tokens_per_turn is None  # arithmetic: one turn
     with pytest.raises(ValueError, match="max_tokens_per_turn"):
         LoopConfig(max_tokens_per_turn=0)
+
+
+def test_the_heldout_baseline_runs_while_the_critic_pretrains(tmp_path: Path, server: FakeServer) -> None:
+    """The step-0 evaluation and the critic's pretraining both use version 0, so they run at once: the
+    evaluation is held until the first pretraining update has started (in sequence it would wait
+    forever), and its figures still land on the step-0 line, before step 1."""
+    import threading
+
+    from sao.rl.build import heldout_eval
+
+    cfg = config("sao", max_steps=1, value_pretrain_steps=2, keep_checkpoints=1)
+    cfg = replace(cfg, eval=replace(cfg.eval, enabled=True, problems=6, every=0))
+    trainer = make_trainer(cfg, tmp_path, server, FakeEngine())
+    client = OpenAICompletionClient(server.base_url, "fake", timeout_s=10, retry=FAST)
+    inner = heldout_eval(cfg, "arithmetic", client, lambda tools: ChatRenderer(ByteTokenizer(), tools), tmp_path)
+    assert inner is not None
+    updating = threading.Event()  # set on the learner's thread
+    pretrain = trainer.algo.pretrain_critic
+
+    def pretrain_critic(learner, batch):  # type: ignore[no-untyped-def]
+        updating.set()
+        return pretrain(learner, batch)
+
+    class Gated:
+        task_ids = inner.task_ids
+
+        async def run(self, step: int):  # type: ignore[no-untyped-def]
+            for _ in range(600):  # 30 s
+                if step or updating.is_set():
+                    return await inner.run(step)
+                await asyncio.sleep(0.05)
+            raise AssertionError("the step-0 evaluation waited for a pretraining that never ran beside it")
+
+    trainer.algo.pretrain_critic = pretrain_critic  # type: ignore[method-assign]
+    trainer.heldout = Gated()  # type: ignore[assignment]
+    asyncio.run(trainer.run())
+    baseline, step1 = lines(tmp_path / "metrics.jsonl")
+    assert baseline["step"] == 0 and baseline["eval/n"] == len(inner.task_ids) and step1["step"] == 1
+    assert 0.0 <= baseline["eval/accuracy"] <= 1.0 and "eval/delta" in step1
+    assert len(lines(tmp_path / "value_pretrain.jsonl")) == 2
+    assert {r["step"] for r in lines(tmp_path / "eval.jsonl")} == {0, 1}
