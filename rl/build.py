@@ -24,6 +24,7 @@ from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Render
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.engine_meter import EngineMeter
 from sao.agents.engine_watch import watching
+from sao.agents.fleet import cpu_share
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.model import ensure_model
 from sao.envs import resolve
@@ -86,13 +87,14 @@ class Engine:
                 "log": str(s.log_path) if s and s.log_path else None}
 
 
-def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None) -> VLLMServerConfig:
+def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None,
+                   env: dict[str, str] | None = None) -> VLLMServerConfig:
     """How each managed engine starts (on this machine, or in a replica's actor on its node)."""
     return VLLMServerConfig(
         model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
         kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
         extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
-        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path)
+        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path, env=env or {})
 
 
 @contextlib.contextmanager
@@ -116,7 +118,8 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
         engines = []
         for i in range(n):
             log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
-            server = VLLMServer(_server_config(cfg, model_path, served, log_path))
+            # several engines on a CPU-only machine: each its own cores (vLLM alone pins all to the same)
+            server = VLLMServer(_server_config(cfg, model_path, served, log_path, cpu_share(i, n)))
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)

@@ -160,3 +160,28 @@ def test_placer_keeps_c1_and_never_overfills_another_replica():
     assert async_placer.place(7, 1, 500, home=0, last=0, versions=(0,), slot=lambda r: slots[r]) == 2  # not told yet
     async_placer.mark(2)
     assert async_placer.place(7, 1, 500, home=0, last=0, versions=(0,), slot=lambda r: slots[r]) == 0
+
+
+# ---------------------------------------------------------------- cores of local CPU replicas
+
+
+def test_cpu_replicas_get_disjoint_cores_unless_vllm_is_left_to_choose(monkeypatch):
+    import sao.agents.engine as engine
+    from sao.agents.fleet import cpu_share
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(engine, "_cuda_present", lambda: False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    # 5 cores, 2 replicas: 2 each (the fifth stays with the front-ends and the learner), no overlap
+    assert [cpu_share(i, 2) for i in range(2)] == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
+                                                  {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}]
+    assert cpu_share(0, 1) == {}  # one replica: vLLM's own choice (it reserves a core for its front-end)
+    assert cpu_share(5, 6) == {}  # more replicas than cores: no share to give
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert [cpu_share(i, 2) for i in range(2)] == [{"VLLM_CPU_OMP_THREADS_BIND": "0"},
+                                                  {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|0-1")  # the user's choice stands
+    assert cpu_share(1, 2) == {}
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    monkeypatch.setattr(engine, "_cuda_present", lambda: True)  # a GPU: the engines do not compute on the CPU
+    assert cpu_share(1, 2) == {}
