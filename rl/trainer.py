@@ -208,11 +208,10 @@ class Trainer:
                 try:
                     await self._pretrain_critic(pretrain_sink)
                     sink.log(0, await baseline)
-                finally:
-                    if not baseline.done():  # the pretraining failed or was interrupted
-                        baseline.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await baseline
+                finally:  # the pretraining failed or was interrupted: stop the evaluation, and
+                    baseline.cancel()  # collect its outcome either way (a no-op once it has finished)
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await baseline
             else:
                 await self._pretrain_critic(pretrain_sink)
             for step in range(state.step + 1, cfg.max_steps + 1):
