@@ -4,7 +4,9 @@ The contract: ``sao-eval arithmetic --limit 16 --samples 2 --output DIR`` whose 
 some episodes are done exits 0 with 32 ok episodes, each (task, sample) once, without ``--resume``,
 and leaves no vLLM process behind. The kill is a SIGKILL of vLLM's API server only, as in the issue:
 harder than killing its process group, because the group's EngineCore outlives the API server and
-must be ended by the run (it lived on for 2 minutes before). One real start and one restart: about
+must be ended by the run (it lived on for 2 minutes before). The run keeps 8 episodes in flight
+(``--concurrency 8``): at the default 32 every episode can start in one batch and end within one poll
+of the others, and then nothing is left to be in flight at the kill (CI saw all 32 done at once). One real start and one restart: about
 3-5 minutes on 2 cores. It is also the suite's test of ``sao-eval`` starting its own engine (no
 ``--base-url``): the outputs are checked as for every finished run. The watch's logic is tested fast in ``tests/test_engine_watch.py``.
 (Moved here from ``tests/test_eval_engine_restart.py``.)
@@ -32,7 +34,8 @@ def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_pat
     require_vllm()
     out = tmp_path / "run"
     log = (tmp_path / "stderr.log").open("wb")
-    proc = subprocess.Popen([SAO_EVAL, "arithmetic", "--limit", "16", "--samples", "2", "--output", str(out)],
+    proc = subprocess.Popen([SAO_EVAL, "arithmetic", "--limit", "16", "--samples", "2", "--concurrency", "8",
+                             "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=log, env=no_compile_env())
     seen: dict[int, object] = {}  # every vLLM process of this run, to check at the end that none is left
     killed: dict[int, object] = {}  # the first engine's processes, at its death
