@@ -4,7 +4,7 @@
 a free port, in its own process group), one after the other from the calling thread (the SIGTERM
 guard wants the main thread); every one is stopped when the block exits, whatever happened, and
 those already started are stopped when a later one fails to start. On a CPU-only machine each gets
-its own share of the cores (:func:`cpu_share`).
+its own share of the cores, and a lone replica on a small machine all of them (:func:`cpu_share`).
 
 :func:`routed` is the :class:`~sao.agents.routing_client.RoutingClient` over such endpoints for an
 evaluation: one completion client and one ``/metrics`` reader per replica, and for each managed
@@ -53,16 +53,32 @@ def open_replicas(model: str, n: int, *, max_model_len: int = 4096, log_dir: Pat
         yield endpoints
 
 
-def cpu_share(i: int, n: int) -> dict[str, str]:
-    """On a CPU-only machine, replica ``i`` of ``n`` gets its own share of this process's cores for
-    vLLM's compute threads (``VLLM_CPU_OMP_THREADS_BIND``); left to vLLM when there is a GPU, when
-    the variable is already set, for one replica, or when there are fewer cores than replicas. vLLM's own choice binds
-    every replica to the same cores (one core and one reserved on 2 cores), so they would share one."""
+SMALL_MACHINE_CORES = 4  # at most this many cores: one replica computes on all of them (cpu_share)
+
+
+def cpu_share(i: int, n: int, *, beside_learner: bool = False) -> dict[str, str]:
+    """On a CPU-only machine, the cores of this process that replica ``i`` of ``n`` computes on
+    (``VLLM_CPU_OMP_THREADS_BIND``); left to vLLM when there is a GPU, when the variable is already
+    set, or when there are fewer cores than replicas.
+
+    - Several replicas: disjoint equal shares. vLLM's own choice binds every replica to the same
+      cores (one core and one reserved on 2 cores), so they would share one.
+    - One replica on a small machine (at most :data:`SMALL_MACHINE_CORES` cores): all of them. vLLM
+      alone reserves a core for its front-end, half of a 2-core machine; on a 2-core Xeon
+      (2026-12-03, bundled model, fp32, ``benchmarks/engine_cores.py``) decoding on both ran at 95
+      tokens/s against 61-83 at 8 concurrent requests, and 233 against 142-172 at 64. Not when
+      ``beside_learner``: a learner that trains while the engine generates (sao-train's scheduled
+      rollout modes) keeps the core vLLM leaves. On a larger machine one reserved core is little,
+      and vLLM's choice stands."""
     from .engine import _cuda_present
 
     cores = sorted(os.sched_getaffinity(0))
-    if n < 2 or _cuda_present() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < n:
+    if _cuda_present() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < n:
         return {}
+    if n == 1:
+        if beside_learner or len(cores) > SMALL_MACHINE_CORES:
+            return {}
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
     share = len(cores) // n
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * share:(i + 1) * share]))}
 

@@ -118,8 +118,10 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
         engines = []
         for i in range(n):
             log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
-            # several engines on a CPU-only machine: each its own cores (vLLM alone pins all to the same)
-            server = VLLMServer(_server_config(cfg, model_path, served, log_path, cpu_share(i, n)))
+            # on a CPU-only machine: several engines each their own cores (vLLM alone pins all to the same);
+            # a lone one on a small machine all of them, unless the learner trains while it generates
+            cores = cpu_share(i, n, beside_learner=cfg.rollout.mode != "sync")
+            server = VLLMServer(_server_config(cfg, model_path, served, log_path, cores))
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)

@@ -165,7 +165,7 @@ def test_placer_keeps_c1_and_never_overfills_another_replica():
 # ---------------------------------------------------------------- cores of local CPU replicas
 
 
-def test_cpu_replicas_get_disjoint_cores_unless_vllm_is_left_to_choose(monkeypatch):
+def test_cpu_replicas_get_disjoint_cores_and_a_lone_one_on_a_small_machine_all(monkeypatch):
     import sao.agents.engine as engine
     from sao.agents.fleet import cpu_share
 
@@ -175,9 +175,11 @@ def test_cpu_replicas_get_disjoint_cores_unless_vllm_is_left_to_choose(monkeypat
     # 5 cores, 2 replicas: 2 each (the fifth stays with the front-ends and the learner), no overlap
     assert [cpu_share(i, 2) for i in range(2)] == [{"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
                                                   {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}]
-    assert cpu_share(0, 1) == {}  # one replica: vLLM's own choice (it reserves a core for its front-end)
+    assert cpu_share(0, 1) == {}  # one replica on 5 cores: vLLM's own choice (it reserves a core for its front-end)
     assert cpu_share(5, 6) == {}  # more replicas than cores: no share to give
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert cpu_share(0, 1) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}  # one replica on 2 cores: both
+    assert cpu_share(0, 1, beside_learner=True) == {}  # ... unless a learner trains meanwhile
     assert [cpu_share(i, 2) for i in range(2)] == [{"VLLM_CPU_OMP_THREADS_BIND": "0"},
                                                   {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|0-1")  # the user's choice stands
