@@ -365,17 +365,7 @@ class WeightSync:
 
         if probe:
             probe_at = time.perf_counter()
-            engine_lp = await self.engine_logprobs()
-            learner_lp = await self.offload(self.learner_logprobs, model, round_to=self.dtype)
-            full_lp = learner_lp if self._serves_master(model) else await self.offload(self.learner_logprobs, model)
-            gaps = [abs(a - b) for a, b in zip(engine_lp, learner_lp, strict=True)]
-            metrics["sync/probe_gap"] = sum(gaps) / len(gaps)
-            metrics["sync/probe_gap_max"] = max(gaps)
-            # the same against the full-precision master weights: adds the engine dtype's rounding
-            metrics["sync/probe_gap_master"] = sum(abs(a - b) for a, b in zip(engine_lp, full_lp)) / len(gaps)
-            metrics["sync/probe_engine_logprob"] = sum(engine_lp) / len(engine_lp)
-            if recent:
-                metrics |= await self._action_probe(model, recent)
+            metrics |= await self._probe(model, recent)
             metrics["perf/probe_s"] = time.perf_counter() - probe_at
             if metrics["sync/probe_gap"] > self.warn_gap:
                 log.warning("weight sync to version %d: engine and learner log-probs differ by %.4f on average "
@@ -387,24 +377,37 @@ class WeightSync:
         """The engine's dtype is every floating parameter's: rounding to it changes nothing."""
         return all(p.dtype == self.dtype for p in model.parameters() if p.is_floating_point())
 
-    async def _action_probe(self, model: nn.Module, recent: Sequence[Any]) -> dict[str, float]:
-        """Mean |engine - learner| log-prob over the action tokens of ``recent`` (learner weights rounded
-        to the engine's dtype, as the fixed probe), and the same against the master weights."""
-        gaps, master_gaps = [], []
-        for trajectory in recent:
-            ids = list(trajectory.token_ids)
-            engine_lp = await self.engine_logprobs(ids)
-            learner_lp = await self.offload(self.learner_logprobs, model, round_to=self.dtype, ids=ids)
-            full_lp = learner_lp if self._serves_master(model) else await self.offload(
-                self.learner_logprobs, model, ids=ids)
-            for e, lr, f, a in zip(engine_lp, learner_lp, full_lp, trajectory.action_mask[1:], strict=True):
+    async def _probe(self, model: nn.Module, recent: Sequence[Any]) -> dict[str, float]:
+        """The fixed probe (``sync/probe_gap*``) and the action tokens of ``recent``
+        (``sync/action_probe_gap*``): mean |engine - learner| log-prob with the learner's weights rounded
+        to the engine's dtype, and the same against the master weights. The engine's requests all go
+        out at once and are answered while the learner scores every sequence in one padded forward."""
+        seqs = [list(self.probe_ids), *(list(t.token_ids) for t in recent)]
+        engine = asyncio.ensure_future(asyncio.gather(*(self.engine_logprobs(ids) for ids in seqs)))
+        try:
+            rounded = await self.offload(self.learner_logprobs_many, model, seqs, round_to=self.dtype)
+            full = rounded if self._serves_master(model) else await self.offload(self.learner_logprobs_many, model, seqs)
+            engine_lp = await engine
+        finally:
+            if not engine.done():
+                engine.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await engine
+        gaps = [abs(a - b) for a, b in zip(engine_lp[0], rounded[0], strict=True)]
+        metrics = {"sync/probe_gap": sum(gaps) / len(gaps), "sync/probe_gap_max": max(gaps),
+                   # the same against the full-precision master weights: adds the engine dtype's rounding
+                   "sync/probe_gap_master": sum(abs(a - b) for a, b in zip(engine_lp[0], full[0])) / len(gaps),
+                   "sync/probe_engine_logprob": sum(engine_lp[0]) / len(engine_lp[0])}
+        action, master = [], []
+        for trajectory, e_lp, r_lp, f_lp in zip(recent, engine_lp[1:], rounded[1:], full[1:], strict=True):
+            for e, r, f, a in zip(e_lp, r_lp, f_lp, trajectory.action_mask[1:], strict=True):
                 if a:
-                    gaps.append(abs(e - lr))
-                    master_gaps.append(abs(e - f))
-        if not gaps:
-            return {}
-        return {"sync/action_probe_gap": sum(gaps) / len(gaps), "sync/action_probe_gap_max": max(gaps),
-                "sync/action_probe_gap_master": sum(master_gaps) / len(master_gaps)}
+                    action.append(abs(e - r))
+                    master.append(abs(e - f))
+        if action:
+            metrics |= {"sync/action_probe_gap": sum(action) / len(action), "sync/action_probe_gap_max": max(action),
+                        "sync/action_probe_gap_master": sum(master) / len(master)}
+        return metrics
 
     async def engine_logprobs(self, ids: list[int] | None = None) -> list[float]:
         """The engine's log-prob of each token of ``ids`` (default: the probe) after the first, given its
@@ -439,8 +442,19 @@ class WeightSync:
         A LoRA model computes with its merged weights rounded, as the engine does (adapters zeroed
         meanwhile: :func:`sao.rl.lora.engine_view`).
         """
+        return self.learner_logprobs_many(model, [self.probe_ids if ids is None else list(ids)], round_to=round_to)[0]
+
+    def learner_logprobs_many(self, model: nn.Module, seqs: Sequence[Sequence[int]], *,
+                              round_to: torch.dtype | None = None) -> list[list[float]]:
+        """:meth:`learner_logprobs` of several token lists at once: one forward of the rows padded on the
+        right (a causal model's log-probs of a row do not depend on what follows it), one rounding."""
         device = next(model.parameters()).device
-        ids = torch.tensor([self.probe_ids if ids is None else list(ids)], dtype=torch.long, device=device)
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for row, x in enumerate(seqs):
+            ids[row, :len(x)] = torch.tensor(list(x), dtype=torch.long)
+            mask[row, :len(x)] = 1
         originals: list[tuple[nn.Parameter, torch.Tensor]] = []
         with torch.no_grad():
             try:
@@ -451,11 +465,11 @@ class WeightSync:
                     for p, data in swaps:
                         originals.append((p, p.data))
                         p.data = data
-                out = token_logprobs(model, ids, torch.ones_like(ids))
+                out = token_logprobs(model, ids, mask)
             finally:
                 for p, data in originals:
                     p.data = data
-        return out[0, 1:].tolist()
+        return [out[row, 1:len(x)].tolist() for row, x in enumerate(seqs)]
 
 
 class WeightPublisher:

@@ -147,6 +147,40 @@ def test_sync_call_order_and_resume_on_failure(tmp_path: Path) -> None:
     assert failing.calls == ["pause:keep", "reload", "resume"]  # resumed although the reload failed
 
 
+def test_the_probe_scores_every_sequence_in_one_forward_as_it_would_one_by_one(tmp_path: Path) -> None:
+    import types
+
+    import torch
+
+    model = _tiny_llama(tie=False)
+    sync = WeightSync(_FakeEngine(), tmp_path, model_name="tiny", probe_ids=[3, 9, 27, 81, 50],  # type: ignore[arg-type]
+                      dtype=torch.bfloat16)
+    seqs = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18], [40, 41, 42, 43, 44]]
+    for round_to in (None, torch.bfloat16):
+        many = sync.learner_logprobs_many(model, seqs, round_to=round_to)
+        one = [sync.learner_logprobs(model, ids=x, round_to=round_to) for x in seqs]
+        assert [len(x) for x in many] == [2, 7, 4]
+        for a, b in zip(many, one, strict=True):
+            assert a == pytest.approx(b, abs=1e-5)
+    assert sync.learner_logprobs_many(model, seqs) != sync.learner_logprobs_many(model, seqs, round_to=torch.bfloat16)
+
+    # the engine answers each sequence with the rounded learner's log-probs, off by 0.1 at positions 3+
+    async def engine_logprobs(ids=None):  # type: ignore[no-untyped-def]
+        lp = sync.learner_logprobs(model, ids=ids, round_to=torch.bfloat16)
+        return [x + (0.1 if i >= 2 else 0.0) for i, x in enumerate(lp)]
+
+    sync.engine_logprobs = engine_logprobs  # type: ignore[method-assign]
+    recent = [types.SimpleNamespace(token_ids=tuple(x), action_mask=m) for x, m in
+              ((seqs[1], (0, 0, 0, 0, 1, 1, 1, 1)), (seqs[2], (0, 0, 1, 1, 1)))]
+    metrics = asyncio.run(sync._probe(model, recent))
+    # fixed probe (5 tokens, 4 log-probs): positions 2 and 3 are off by 0.1 -> mean 0.05
+    assert metrics["sync/probe_gap"] == pytest.approx(0.05, abs=1e-4)
+    # action tokens: row 1's tokens 4..7 (log-prob positions 3..6, all off), row 2's tokens 2..4 (1..3: 2 off)
+    assert metrics["sync/action_probe_gap"] == pytest.approx((4 * 0.1 + 2 * 0.1) / 7, abs=1e-4)
+    assert metrics["sync/action_probe_gap_master"] > 0  # the master is not on the bf16 grid
+    assert metrics["sync/probe_gap_max"] == pytest.approx(0.1, abs=1e-4)
+
+
 # --------------------------------------------------------------------------- against the real vLLM
 
 @pytest.mark.vllm
