@@ -75,11 +75,9 @@ def cpu_share(i: int, n: int, *, beside_learner: bool = False) -> dict[str, str]
     cores = sorted(os.sched_getaffinity(0))
     if _cuda_present() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < n:
         return {}
-    if n == 1:
-        if beside_learner or len(cores) > SMALL_MACHINE_CORES:
-            return {}
-        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
-    share = len(cores) // n
+    if n == 1 and (beside_learner or len(cores) > SMALL_MACHINE_CORES):
+        return {}
+    share = len(cores) // n  # one replica: all of them
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * share:(i + 1) * share]))}
 
 
