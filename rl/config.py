@@ -149,7 +149,10 @@ class EngineConfig:
     startup_timeout_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
     request_timeout_s: float = 600.0
-    probe: bool = True  # after each sync, compare engine and learner log-probs on a fixed sequence
+    probe: bool = True  # after a sync, compare engine and learner log-probs on a fixed sequence
+    # ... after the first sync, every `probe_every` steps and the last one (3.3 s a step of the default run; in
+    # rollout=sync, `rollout/logprob_gap` checks the freshly synced weights at every step anyway)
+    probe_every: int = 4
     probe_warn_gap: float = 0.05  # warn when engine and learner log-probs differ more after a sync
     action_probes: int = 2  # trajectories of the batch just trained on whose sampled tokens are probed too
     keep_weight_versions: int = 2
@@ -441,6 +444,8 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.value_pretrain_steps < 0:
         raise ConfigError(f"value_pretrain_steps must be >= 0, got {cfg.value_pretrain_steps}")
+    if cfg.engine.probe_every < 1:
+        raise ConfigError(f"engine.probe_every must be >= 1, got {cfg.engine.probe_every}")
     g = cfg.algo.group_size
     if g < 1 or cfg.batch_size % g:
         raise ConfigError(f"batch_size ({cfg.batch_size}) must be a positive multiple of algo.group_size ({g})")

@@ -7,7 +7,7 @@
     for step in step+1 .. max_steps:
         batch   = source.next_batch(batch_size, version)              # finished, rewarded trajectories
         metrics = algo.update(learner, collate(batch))                # the critic's steps, one policy step
-        sync(policy, version = step)                                  # save + reload into vLLM + probe
+        sync(policy, version = step)                                  # save + reload into vLLM (+ probe: engine.probe_every)
         log(step, metrics); checkpoint every `checkpoint_every` steps and at the end
 
 Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
@@ -300,7 +300,8 @@ class Trainer:
         engine = await self.engine_metrics.step() if self.engine_metrics is not None else {}
         self._log_lineage(step, rollout.trajectories)
         online = self._observe(step, rollout.trajectories)
-        synced = await self.weight_sync.sync(learner.policy, step, probe=cfg.engine.probe,
+        probe = cfg.engine.probe and (step % cfg.engine.probe_every == 0 or step == cfg.max_steps)
+        synced = await self.weight_sync.sync(learner.policy, step, probe=probe,
                                              recent=rollout.trajectories[:cfg.engine.action_probes])
         self.source.on_weights(step)
         if isinstance(self.source, ScheduledSource):  # the driver: its ledger and replica versions now

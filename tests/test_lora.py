@@ -297,7 +297,7 @@ def test_sao_train_with_lora_on_the_real_engine(restore_engine, tmp_path: Path) 
     try:
         out = subprocess.run([str(exe), "max_steps=3", "model.lora.rank=8", f"output_dir={run_dir}", "batch_size=4",
                               "value_pretrain_steps=1", "env.max_tokens=32", "keep_checkpoints=1", "logger=quiet",
-                              "eval.enabled=false",
+                              "eval.enabled=false", "engine.probe_every=1",
                               f"optim.lr={LORA_LR}", "optim.value_warmup_steps=0",
                               f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"],
                              capture_output=True, text=True, timeout=900)

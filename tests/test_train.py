@@ -154,6 +154,26 @@ def test_every_algo_option_composes_into_its_class() -> None:
     assert config("sao").algo.lam is None and config("ppo").algo.lam == 0.95
 
 
+def test_the_sync_probes_after_the_first_sync_every_probe_every_steps_and_at_the_last(tmp_path: Path,
+                                                                                        server: FakeServer) -> None:
+    """``engine.probe_every``: the engine/learner probe runs at version 0, at multiples of the cadence and at
+    the last step; the weights are synced at every step either way."""
+    seen: list[tuple[int, bool]] = []
+
+    class Recording(WeightSync):
+        async def sync(self, model, version, *, probe=True, recent=()):  # type: ignore[no-untyped-def]
+            seen.append((version, probe))
+            return await super().sync(model, version, probe=False, recent=recent)  # the fake engine scores nothing
+
+    cfg = config("grpo", max_steps=5, keep_checkpoints=1, engine=replace(config().engine, probe=True, probe_every=2))
+    trainer = make_trainer(cfg, tmp_path, server, FakeEngine())
+    trainer.weight_sync = Recording(trainer.weight_sync.engine, tmp_path / "weights", model_name="fake")
+    asyncio.run(trainer.run())
+    assert seen == [(0, True), (1, False), (2, True), (3, False), (4, True), (5, True)]
+    with pytest.raises(ConfigError, match="probe_every must be >= 1"):
+        validate(replace(cfg, engine=replace(cfg.engine, probe_every=0)))
+
+
 def test_bad_configs_fail_with_a_message() -> None:
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         make_algorithm(AlgoConfig(name="grpp"))

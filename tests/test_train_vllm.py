@@ -37,7 +37,7 @@ def real_config(algo: str, server, **overrides) -> TrainConfig:  # type: ignore[
     cfg = replace(cfg, batch_size=4, value_pretrain_steps=1, max_steps=2, checkpoint_every=1, keep_checkpoints=2,
                   optim=replace(cfg.optim, lr=1e-4, value_warmup_steps=0),
                   env=replace(cfg.env, kwargs={**cfg.env.kwargs, "ops": "+-"}, max_tokens=64),
-                  engine=replace(cfg.engine, base_url=server.root_url, served_name=server.model_name),
+                  engine=replace(cfg.engine, base_url=server.root_url, served_name=server.model_name, probe_every=1),
                   logger=replace(cfg.logger, console=False, tensorboard=False), eval=replace(cfg.eval, enabled=False))
     if cfg.algo.group_size > 1:
         cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
@@ -245,7 +245,7 @@ def test_default_run_memory_is_bounded_and_the_engine_follows_the_learner(restor
     try:
         out = subprocess.run([str(exe), f"output_dir={run_dir}", "max_steps=6", "eval.enabled=false",
                               "checkpoint_every=100", "keep_checkpoints=1", "logger.tensorboard=false",
-                              f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"],
+                              "engine.probe_every=1", f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"],
                              capture_output=True, text=True, timeout=1500, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         rows = [r for r in lines(run_dir / "metrics.jsonl") if r["step"] >= 1]
