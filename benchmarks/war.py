@@ -24,8 +24,10 @@
 
 Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level;
 cache-aware >= 1.2x round-robin at high load.
-The load-aware arm is not here: vLLM 0.32's per-batch-size schedule, the natural switch, kills the
-engine with suffix decoding (its proposer asserts a fixed draft length; seen at the threshold).
+The load-aware arm is not here yet. Its switch now works: vLLM 0.32's per-batch-size schedule
+(``engine.spec_schedule``, ``sao-eval --spec-schedule``; ``sao.agents.speculative.load_aware`` builds one
+from the calibration printed here), which killed a suffix engine at its threshold until
+``sao.agents.vllm_plugin`` made the proposer honour it.
 The machine is shared and has 2 cores: absolute numbers are noisy, the ratios within one run less so.
 """
 

@@ -17,10 +17,9 @@ from rich.table import Table
 from sao.agents import AgentError, Trajectory
 from sao.agents.engine_watch import EngineRestartsExhausted
 from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_as_interrupt
+from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_schedule
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
-
-from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig
 
 from .runner import EvalConfig, EvalError, evaluate
 
@@ -82,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "from earlier responses and the prompt, verified by the model; the summary reports "
                         "spec_acceptance and prefix_cache_hit_rate)")
     p.add_argument("--spec-tokens", type=int, help="suffix: most draft tokens a step (default 24)")
+    p.add_argument("--spec-schedule", type=_schedule, default=(), metavar="FIRST-LAST:TOKENS,...",
+                   help="suffix, load-aware: draft tokens by requests running, e.g. 1-4:24,5-:0 (24 while at most 4 "
+                        "run, none above; benchmarks/war.py prints a calibrated one)")
     p.add_argument("--replicas", type=int, default=1,
                    help="local vLLM engines to start (default 1); with more than one, each request is placed by "
                         "--router, a replica that dies has its requests sent to the others, and the summary "
@@ -93,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    try:
+        return parse_schedule(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _env_args(pairs: list[str], **flags: Any) -> dict[str, Any]:
@@ -132,7 +141,7 @@ def _run(args: argparse.Namespace, output: Path) -> int:
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
             endpoint_mode=args.endpoint_mode,
-            speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens),
+            speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
             max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                                images=None if args.image_map is None else str(args.image_map)),

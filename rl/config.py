@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sao.agents.speculative import SpeculativeConfig
+from sao.agents.speculative import SpeculativeConfig, check_schedule
 from sao.rl.lr_schedule import LrSchedule
 
 
@@ -166,6 +166,9 @@ class EngineConfig:
     # METHOD.md 3). spec_tokens: most draft tokens a step (null: vLLM's default, 24 for suffix).
     speculative: str = "none"
     spec_tokens: int | None = None
+    # load-aware: [[first, last, draft tokens], ...] by requests scheduled per step (vLLM's per-batch-size
+    # schedule; benchmarks/war.py prints a calibrated one); null: always spec_tokens
+    spec_schedule: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         spec = self.speculative_config()  # validates the method and spec_tokens
@@ -174,7 +177,8 @@ class EngineConfig:
                              "engine.extra_args conflict; set one of them")
 
     def speculative_config(self) -> SpeculativeConfig:
-        return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens)
+        return SpeculativeConfig(method=self.speculative, num_tokens=self.spec_tokens,
+                                 schedule=check_schedule(self.spec_schedule))
 
 
 @dataclass

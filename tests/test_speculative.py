@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -92,3 +93,98 @@ def test_eval_config_refuses_speculation_it_cannot_start(tmp_path):
     with pytest.raises(EvalError, match="--agent llm"):
         EvalConfig("arithmetic", tmp_path, agent="gold", speculative=suffix)
     assert EvalConfig("arithmetic", tmp_path, speculative=suffix).speculative.enabled
+
+
+def test_a_load_aware_schedule_is_vllms_per_batch_size_schedule():
+    from sao.agents.speculative import load_aware, parse_schedule
+
+    schedule = load_aware(4, 24)
+    assert schedule == ((1, 4, 24), (5, 5, 0)) == parse_schedule("1-4:24,5-:0")
+    assert load_aware(None, 24) == ((1, 1, 0),)  # speculation lost at every measured load: never draft
+    cmd = VLLMServerConfig(model="m", speculative=SpeculativeConfig("suffix", schedule=schedule)).command(1)
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens_per_batch_size"] == [
+        [1, 4, 24], [5, 5, 0]]
+    engine = EngineConfig(speculative="suffix", spec_schedule=[[1, 2, 8], [3, 3, 0]])
+    assert engine.speculative_config().schedule == ((1, 2, 8), (3, 3, 0))
+    for bad, match in (([[2, 4, 8]], "start at 1"), ([[1, 4, 8], [3, 5, 0]], "follow one another"),
+                       ([[1, 4, -1]], "draft tokens >= 0"), ([[1, 4]], "whole numbers"), ([[1, 2.5, 3]], "whole numbers")):
+        with pytest.raises(ValueError, match=match):
+            SpeculativeConfig("suffix", schedule=bad)
+    with pytest.raises(ValueError, match="needs a speculative method"):
+        SpeculativeConfig(schedule=((1, 1, 0),))
+    with pytest.raises(ValueError, match="FIRST-LAST:TOKENS"):
+        parse_schedule("1-4")
+
+
+class _Batch:
+    """The fields of vLLM's InputBatch that the suffix proposer reads, for requests in a row."""
+
+    def __init__(self, prompts: dict[str, list[int]], outputs: dict[str, list[int]]):
+        import numpy as np
+
+        self.req_ids = list(prompts)
+        self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
+        rows = [prompts[r] + outputs[r] for r in self.req_ids]
+        self.token_ids_cpu = np.zeros((len(rows), 64), dtype=np.int32)
+        for i, row in enumerate(rows):
+            self.token_ids_cpu[i, :len(row)] = row
+        self.num_tokens_no_spec = [len(r) for r in rows]
+        self.num_prompt_tokens = [len(prompts[r]) for r in self.req_ids]
+
+
+def test_the_plugin_makes_vllms_suffix_proposer_draft_the_steps_length():
+    """vLLM's own SuffixDecodingProposer (arctic-inference's suffix trees): unpatched it asserts the step's
+    draft length is its maximum (what killed the engine at a schedule's threshold); patched it drafts at
+    most the step's length, none at 0, and keeps every request's trees up to date either way."""
+    suffix = pytest.importorskip("vllm.v1.spec_decode.suffix_decoding")
+    pytest.importorskip("arctic_inference.suffix_decoding")
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from sao.agents.vllm_plugin import PATCHED, honour_step_length
+
+    def proposer(cls):  # type: ignore[no-untyped-def]
+        p = cls.__new__(cls)  # its __init__ wants a whole VllmConfig; these are the fields propose reads
+        p.num_speculative_tokens, p.max_tree_depth, p.max_spec_factor, p.min_token_prob = 8, 24, 4.0, 0.0
+        p.max_model_len = 64
+        p.suffix_cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
+        return p
+
+    pattern = [5, 6, 7, 8, 9, 10, 11, 12]
+    prompts = {"a": pattern * 3}  # the prompt repeats itself: its own tree predicts the continuation
+    outputs = {"a": pattern[:2]}  # the response so far repeats the pattern's start
+
+    class Unpatched(suffix.SuffixDecodingProposer):  # vLLM's body, even where the plugin already ran
+        propose = inspect.unwrap(suffix.SuffixDecodingProposer.propose)
+
+    with pytest.raises(AssertionError):
+        proposer(Unpatched).propose(2, _Batch(prompts, outputs), [[6]])
+
+    class Patched(suffix.SuffixDecodingProposer):
+        pass
+
+    assert honour_step_length(Patched) and honour_step_length(Patched)  # idempotent
+    assert getattr(Patched, PATCHED)
+    p = proposer(Patched)
+    full = p.propose(8, _Batch(prompts, outputs), [[6]])
+    assert 2 < len(full[0]) <= 8 and full[0][:3] == [7, 8, 9], full  # the prompt's own continuation
+    q = proposer(Patched)
+    short = q.propose(2, _Batch(prompts, outputs), [[6]])
+    assert short == [full[0][:2]] and q.num_speculative_tokens == 8  # at most 2; the maximum is put back
+    r = proposer(Patched)
+    assert r.propose(0, _Batch(prompts, outputs), [[6]]) == [[]]  # no drafts at 0 ...
+    assert "a" in r.suffix_cache.active_requests  # ... and the request's trees were still started
+    assert proposer(Patched).propose(99, _Batch(prompts, outputs), [[6]]) == full  # never above the maximum
+
+
+def test_the_plugin_is_registered_for_vllm_and_leaves_an_unknown_propose_alone():
+    from importlib.metadata import entry_points
+
+    from sao.agents.vllm_plugin import honour_step_length
+
+    names = {e.value for e in entry_points(group="vllm.general_plugins")}
+    assert "sao.agents.vllm_plugin:register" in names, names
+
+    class Other:
+        def propose(self, drafts):  # type: ignore[no-untyped-def]
+            return drafts
+
+    assert not honour_step_length(Other) and Other().propose([1]) == [1]

@@ -7,6 +7,12 @@ the same configuration (one engine start, not two: CI time). The learner's scori
 (``sao.rl.batch.collate`` and ``sao.rl.learner.token_logprobs``, as behind ``rollout/logprob_gap``)
 scores both sets of trajectories with the HF model; the gap |engine log-prob - HF log-prob| at
 action tokens must stay within 0.01 of the gap without speculation (issue 11, WAR).
+
+The speculating engine runs with a load-aware schedule, 24 draft tokens while one request runs and none
+above (vLLM's per-batch-size schedule, honoured by ``sao.agents.vllm_plugin``; without it the engine
+died at the threshold, "assert num_speculative_tokens == self.num_speculative_tokens"). The episodes
+run one at a time, so they draft; then a burst of 4 requests at once crosses the threshold: the engine
+lives, drafts (almost) nothing while several run, and drafts again for a lone request afterwards.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TASKS = 2  # episodes run one at a time on 2 cores: decoding is this test's cost (4 tasks: 334 s of CI's setup)
 SAMPLES = 2  # the second sample of a task can draft from the first one's response (the global tree)
+LOAD_AWARE = ((1, 1, 24), (2, 2, 0))  # draft while one request runs, not above
 
 
 def _episodes(server: VLLMServer, tokenizer, temperature: float) -> list:  # type: ignore[no-untyped-def]
@@ -55,12 +62,36 @@ def _measured(server: VLLMServer, tokenizer):  # type: ignore[no-untyped-def]
     return runs, read_metrics(server.root_url).since(before)
 
 
+COUNT = "Count: " + " ".join(str(i) for i in range(1, 21)) * 2  # a greedy continuation the prompt's tree drafts
+
+
+def _burst(server: VLLMServer, n: int) -> tuple[int, EngineMetrics]:
+    """``n`` greedy requests at once: completion tokens, and the engine's counters over them."""
+    import httpx
+
+    async def go() -> int:
+        async with httpx.AsyncClient(base_url=server.root_url, timeout=300) as client:
+            async def one() -> int:
+                r = await client.post("/v1/completions", json={"model": server.model_name, "prompt": COUNT,
+                                                               "max_tokens": 32, "temperature": 0})
+                r.raise_for_status()
+                return int(r.json()["usage"]["completion_tokens"])
+
+            return sum(await asyncio.gather(*(one() for _ in range(n))))
+
+    before = read_metrics(server.root_url)
+    tokens = asyncio.run(go())
+    return tokens, read_metrics(server.root_url).since(before)
+
+
 def _run(model_dir, log, speculative: SpeculativeConfig, tokenizer):  # type: ignore[no-untyped-def]
     # the shared engine's configuration (tests/conftest.py: vllm_server), with speculation
     config = VLLMServerConfig(model=str(model_dir), served_model_name="smollm2-135m", max_model_len=2048,
                               kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE, speculative=speculative)
     with VLLMServer(config) as server:
-        return _measured(server, tokenizer)
+        measured = _measured(server, tokenizer)
+        bursts = [_burst(server, n) for n in (4, 1)]  # across the threshold, then a lone request again
+        return measured, bursts
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +106,8 @@ def both(vllm_server, engine_model_dir, tmp_path_factory):  # type: ignore[no-un
     tokenizer = AutoTokenizer.from_pretrained(engine_model_dir)
     logs = tmp_path_factory.mktemp("spec")
     off = _measured(vllm_server, tokenizer)  # the plain engine: the session's, with the prepared weights
-    on = _run(engine_model_dir, logs / "on.log", SpeculativeConfig("suffix"), tokenizer)
-    return off, on
+    on, bursts = _run(engine_model_dir, logs / "on.log", SpeculativeConfig("suffix", schedule=LOAD_AWARE), tokenizer)
+    return off, on, bursts
 
 
 def _gap(model, trajectories, pad_id: int) -> float:  # type: ignore[no-untyped-def]
@@ -96,7 +127,7 @@ def test_suffix_decoding_drafts_and_its_logprobs_are_the_target_models(both, eng
     import torch
     from transformers import AutoModelForCausalLM
 
-    (off_runs, off_metrics), (on_runs, on_metrics) = both
+    (off_runs, off_metrics), (on_runs, on_metrics), _ = both
     assert isinstance(on_metrics, EngineMetrics)
     assert off_metrics.spec_draft_tokens == 0
     # speculation really ran: drafts were proposed and some accepted
@@ -111,3 +142,13 @@ def test_suffix_decoding_drafts_and_its_logprobs_are_the_target_models(both, eng
         print(f"\ntemperature {temperature}: logprob_gap off {gap_off:.5f}, on {gap_on:.5f}; identical episodes "
               f"{same}/{len(off)}; acceptance {on_metrics.spec_acceptance:.3f}")
         assert abs(gap_on - gap_off) <= 0.01, (temperature, gap_off, gap_on)
+
+
+def test_a_load_aware_schedule_drafts_at_low_load_only_and_the_engine_lives_across_it(both):
+    _, _, ((many, at_4), (one, at_1)) = both
+    print(f"\n4 at once: {many} tokens, {at_4.spec_draft_tokens} draft tokens; then 1: {one} tokens, "
+          f"{at_1.spec_draft_tokens} draft tokens, {at_1.spec_accepted_tokens} accepted")
+    assert many > 0 and one > 0  # every request answered: the engine crossed the threshold and lived
+    assert at_1.spec_draft_tokens > 0 and at_1.spec_accepted_tokens > 0  # alone again: it drafts
+    # while several run, no drafts (a few when the last ones finish unevenly and one runs alone)
+    assert at_4.spec_draft_tokens / many < at_1.spec_draft_tokens / one, (at_4, at_1)
