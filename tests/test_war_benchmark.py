@@ -1,0 +1,59 @@
+"""benchmarks/war.py's suffix part without engines: the calibration, the load-aware arm's schedule and the
+table and verdicts it prints, with ``run_arm`` scripted (the real arms start vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from sao.agents.engine_metrics import EngineMetrics
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "war.py"
+_spec = importlib.util.spec_from_file_location("war", _PATH)
+assert _spec is not None and _spec.loader is not None
+war = importlib.util.module_from_spec(_spec)
+sys.modules["war"] = war  # dataclasses look their module up by name
+_spec.loader.exec_module(war)
+
+# tokens/s by arm and level: suffix wins at 1 and 4, loses at 16; the load-aware engine follows plain above 4
+SPEED = {"off": {1: 10.0, 4: 30.0, 16: 60.0}, "suffix": {1: 20.0, 4: 33.0, 16: 40.0},
+         "load_aware": {1: 19.0, 4: 32.0, 16: 59.0}}
+
+
+def test_the_load_aware_arm_runs_the_calibrated_schedule_and_reports_its_worst_ratio(monkeypatch, tmp_path):
+    seen = {}
+
+    def run_arm(arm, model, log_dir, speculative, warm, per_level, temperature, console):  # type: ignore[no-untyped-def]
+        seen[arm] = speculative
+        return [war.Level(arm, c, len(r), int(SPEED[arm][c] * 10), 10.0, EngineMetrics()) for c, r in per_level.items()]
+
+    monkeypatch.setattr(war, "run_arm", run_arm)
+    requests = [war.Request([1, 2, 3], 8, i) for i in range(80)]
+    args = argparse.Namespace(levels="1,4,16", warmup=4, group=1, out=tmp_path, temperature=1.0)
+    console = Console(record=True, width=200)
+    report = war.suffix_arms(args, "model", requests, console)
+    out = console.export_text()
+    assert report["threshold"] == 4 and report["schedule"] == [[1, 4, 24], [5, 5, 0]]
+    assert seen["off"].method == "none" and seen["suffix"].schedule == ()
+    assert seen["load_aware"].method == "suffix" and seen["load_aware"].schedule == ((1, 4, 24), (5, 5, 0))
+    assert "--spec-schedule 1-4:24,5-:0" in out
+    assert "lowest 0.98x (met)" in out and "2.00x (met)" in out
+    assert [round(r["load_aware_ratio"], 2) for r in report["levels"]] == [1.9, 1.07, 0.98]
+
+
+def test_suffix_that_never_wins_calibrates_to_no_drafts(monkeypatch, tmp_path):
+    def run_arm(arm, model, log_dir, speculative, warm, per_level, temperature, console):  # type: ignore[no-untyped-def]
+        speed = {"off": 10.0, "suffix": 8.0, "load_aware": 9.0}[arm]
+        return [war.Level(arm, c, len(r), int(speed * 10), 10.0, EngineMetrics()) for c, r in per_level.items()]
+
+    monkeypatch.setattr(war, "run_arm", run_arm)
+    args = argparse.Namespace(levels="1,4", warmup=0, group=1, out=tmp_path, temperature=1.0)
+    console = Console(record=True, width=200)
+    report = war.suffix_arms(args, "model", [war.Request([1], 8, i) for i in range(40)], console)
+    out = console.export_text()
+    assert report["threshold"] is None and report["schedule"] == [[1, 1, 0]]
+    assert "--spec-schedule 1-:0" in out and "lowest 0.90x (not met)" in out
