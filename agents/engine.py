@@ -87,6 +87,7 @@ class VLLMServerConfig:
     gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
     extra_args: tuple[str, ...] = ()
     speculative: SpeculativeConfig = SpeculativeConfig()  # none by default; suffix: --speculative-config
+    token_route: bool = False  # serve POST /inference/v1/generate (per-token versions; sao.agents.generate)
     startup_timeout_s: float = 300.0
     stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
     log_path: Path | None = None  # None: server.log in a fresh temporary directory
@@ -114,6 +115,8 @@ class VLLMServerConfig:
         ]
         if self.gpu_memory_utilization is not None and _cuda_present():
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.token_route:
+            cmd.append("--enable-scale-out")  # registers the token route (and /render, /derender) only
         return cmd + list(self.speculative.server_args()) + list(self.extra_args) + env_args()
 
     def environment(self) -> dict[str, str]:

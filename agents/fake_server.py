@@ -48,6 +48,9 @@ class Reply:
     end_with_eos: bool = True  # append the EOS token when finish_reason is "stop"
     tool_calls: tuple[dict[str, Any], ...] = ()  # chat route: native tool calls, sent as given
     usage: bool = True  # chat route: report usage
+    # token route: its weight_versions spans as given (version, start, end); None: one span over every
+    # token labelled `weight_version` (vLLM's "default" when that is None)
+    version_spans: tuple[tuple[str, int, int], ...] | None = None
 
 
 @dataclass
@@ -67,6 +70,11 @@ class FakeServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._life = threading.RLock()  # start, stop, kill and restart may come from several threads
         self.dead = False  # killed: requests in flight get their connection closed, new ones are refused
+
+    @property
+    def root_url(self) -> str:
+        assert self.port, "server not started"
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -147,6 +155,22 @@ class FakeServer:
             body["weight_version"] = reply.weight_version
         return body
 
+    def generate_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """A token-route answer (``/inference/v1/generate``): the same tokens as :meth:`completion_body`'s,
+        log-probs as ``content`` entries, and ``weight_versions`` spans."""
+        params = request.get("sampling_params") or {}
+        body = self.completion_body({"prompt": request.get("token_ids") or [], "max_tokens": params.get("max_tokens")},
+                                    reply)
+        choice = body["choices"][0]
+        ids = choice.get("token_ids") or []
+        spans = reply.version_spans
+        if spans is None:
+            spans = ((reply.weight_version or "default", 0, len(ids)),)
+        choice["logprobs"] = {"content": [{"token_id": t, "logprob": reply.logprob} for t in ids]}
+        choice["weight_versions"] = [{"version": v, "start": a, "end": b} for v, a, b in spans]
+        body["prompt_token_ids"] = choice.pop("prompt_token_ids")
+        return body
+
     def chat_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         """A ``/v1/chat/completions`` answer: no token ids; a reply longer than ``max_tokens`` is cut
         (``finish_reason`` "length", its tool calls dropped)."""
@@ -210,11 +234,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         chat = self.path == "/v1/chat/completions"
+        generate = self.path == "/inference/v1/generate"
         if self.path == "/v1/completions" and self.fake.chat_only:
             self._send(404, json.dumps({"error": {"message": f"{self.fake.model} is a chat model and not supported "
                                                             "in the v1/completions endpoint", "code": 404}}).encode())
             return
-        if not chat and self.path != "/v1/completions":
+        if not chat and not generate and self.path != "/v1/completions":
             self._send(404, b'{"error": {"message": "not found"}}')
             return
         reply = self.fake.next_reply(request)
@@ -230,5 +255,6 @@ class _Handler(BaseHTTPRequestHandler):
             body = {"error": {"message": reply.error, "type": "BadRequestError", "code": reply.status}}
             self._send(reply.status, json.dumps(body).encode())
         else:
-            body = self.fake.chat_body(request, reply) if chat else self.fake.completion_body(request, reply)
+            body = (self.fake.chat_body(request, reply) if chat else self.fake.generate_body(request, reply) if generate
+                    else self.fake.completion_body(request, reply))
             self._send(200, json.dumps(body).encode())

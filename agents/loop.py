@@ -123,7 +123,8 @@ async def run_episode(
                 break
             turns.append(TurnRecord(len(ep.token_ids), len(completion.token_ids), completion.finish_reason,
                                     completion.weight_version, t_start, time.monotonic() - t0,
-                                    completion.attempts, policy_versions=completion.policy_versions))
+                                    completion.attempts, policy_versions=completion.policy_versions,
+                                    token_versions=completion.token_versions))
             ep.act(completion)
             generated += len(completion.token_ids)
             action = assistant_message(completion.text, tools_offered=tools_offered, turn=turn)

@@ -47,6 +47,21 @@ class VersionSpan:
         return cls(version, version)
 
 
+# The policy version of every sampled token of a model call, run-length encoded: ((version, tokens), ...)
+# in token order (AReaL's per-token ``output_versions``). A weight update that lands mid-request (the
+# engine paused in "keep" mode, its requests preempted and continued on the new weights) splits a turn
+# into two runs. vLLM's token route reports them (``weight_versions`` spans); see sao.agents.generate.
+VersionRuns = tuple[tuple[int, int], ...]
+
+
+def check_runs(runs: VersionRuns, tokens: int) -> VersionRuns:
+    """``runs`` as tuples, or ValueError: whole versions, runs of >= 1 token covering exactly ``tokens``."""
+    out = tuple((int(v), int(n)) for v, n in runs)
+    if any(n < 1 for _, n in out) or sum(n for _, n in out) != tokens:
+        raise ValueError(f"version runs {out} do not cover {tokens} tokens with runs of at least one")
+    return out
+
+
 @dataclass(frozen=True)
 class Completion:
     """What the engine returned for one request. ``logprobs[i]`` belongs to ``token_ids[i]``."""
@@ -59,10 +74,13 @@ class Completion:
     weight_version: str | None = None  # the engine's weight version label, when it reports one
     policy_versions: VersionSpan | None = None  # the versions that served it, when the caller tracks them
     attempts: int = 1  # HTTP attempts this request took, retries included
+    token_versions: VersionRuns | None = None  # the policy version of each sampled token, when known
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs")
+        if self.token_versions is not None:
+            object.__setattr__(self, "token_versions", check_runs(self.token_versions, len(self.token_ids)))
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,22 @@ class TurnRecord:
     prompt_tokens: int | None = None  # text mode: usage.prompt_tokens
     completion_tokens: int | None = None  # text mode: usage.completion_tokens
     policy_versions: VersionSpan | None = None  # the policy versions that sampled it, when tracked
+    token_versions: VersionRuns | None = None  # the policy version of each of its tokens, when known
+
+    def __post_init__(self) -> None:
+        if self.token_versions is not None:
+            object.__setattr__(self, "token_versions", check_runs(self.token_versions, self.completion_len))
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The policy versions that sampled it, oldest first: its token runs' when known, else its span's
+        ends, else none."""
+        if self.token_versions is not None:
+            return tuple(sorted({v for v, _ in self.token_versions}))
+        span = self.policy_versions
+        if span is None:
+            return ()
+        return (span.first,) if span.first == span.last else (span.first, span.last)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.engine_meter import EngineMeter
 from sao.agents.engine_watch import watching
 from sao.agents.fleet import cpu_share
+from sao.agents.generate import GenerateClient, generate_base_url
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.model import ensure_model
 from sao.envs import resolve
@@ -94,7 +95,8 @@ def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Pat
         model=model_path, served_model_name=served, max_model_len=cfg.engine.max_model_len,
         kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
         extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
-        startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path, env=env or {})
+        token_route=cfg.engine.token_route, startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path,
+        env=env or {})
 
 
 @contextlib.contextmanager
@@ -263,10 +265,11 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
     with _engines(cfg, engine_model, run_dir, n) as (engines, served):
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:
-            def completions(root: str) -> OpenAICompletionClient:
-                return OpenAICompletionClient(root + "/v1", served, timeout_s=cfg.engine.request_timeout_s,
-                                              retry=RetryPolicy(),
-                                              max_connections=max(cfg.rollout.concurrency, cfg.eval.concurrency))
+            def completions(root: str) -> OpenAICompletionClient | GenerateClient:
+                kind, url = (GenerateClient, generate_base_url(root)) if cfg.engine.token_route else (
+                    OpenAICompletionClient, root + "/v1")
+                return kind(url, served, timeout_s=cfg.engine.request_timeout_s, retry=RetryPolicy(),
+                            max_connections=max(cfg.rollout.concurrency, cfg.eval.concurrency))
 
             if cfg.cluster.kind == "ray":  # each replica's URL changes when it comes back on another node
                 # (its engine started from the untied copy this run exported and shipped: nothing to check)

@@ -169,6 +169,10 @@ class EngineConfig:
     # load-aware: [[first, last, draft tokens], ...] by requests scheduled per step (vLLM's per-batch-size
     # schedule; benchmarks/war.py prints a calibrated one); null: always spec_tokens
     spec_schedule: list[list[int]] | None = None
+    # sample through vLLM's token route (POST /inference/v1/generate; managed engines get --enable-scale-out):
+    # each token's policy version (Completion.token_versions), so a turn a sync landed in counts the
+    # versions that really sampled it. External engines need --enable-scale-out themselves.
+    token_route: bool = False
 
     def __post_init__(self) -> None:
         spec = self.speculative_config()  # validates the method and spec_tokens

@@ -155,7 +155,9 @@ class SyncRollout:
 
         async with self._semaphore:
             trajectory = await rerun_on_death(self.watch, attempt)  # a cut attempt runs again (module doc)
-        turns = tuple(replace(t, policy_versions=VersionSpan.of(version)) for t in trajectory.turns)
+        turns = tuple(replace(t, policy_versions=VersionSpan.of(version),  # no sync lands mid-rollout here
+                              token_versions=((version, t.completion_len),) if t.completion_len else None)
+                      for t in trajectory.turns)
         trajectory = replace(trajectory, turns=turns, rollout=RolloutMeta(prompt.index, version, probe=probe))
         self.on_trajectory(trajectory)
         return trajectory

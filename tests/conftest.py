@@ -93,7 +93,7 @@ def engine_model_dir(smollm2_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(engine_model_dir, tmp_path_factory):
     """One real vLLM server with the bundled model for the whole session (start-up is 60-90 s on 2 cores),
-    served as sao-train serves it (untied head, the default engine dtype)."""
+    served as sao-train serves it (untied head, the default engine dtype), and on the token route too."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
@@ -104,7 +104,7 @@ def vllm_server(engine_model_dir, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     config = VLLMServerConfig(model=str(engine_model_dir), served_model_name="smollm2-135m", max_model_len=2048,
-                              kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE)
+                              kv_cache_gib=1, log_path=log, dtype=ENGINE_DTYPE, token_route=True)
     with VLLMServer(config) as server:
         root = psutil.Process(server.pid)
         tree = [root, *root.children(recursive=True)]

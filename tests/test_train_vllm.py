@@ -206,12 +206,15 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
 
 def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
     """rollout=pipe algo=grpo on the session's vLLM: complete groups stream to the learner, every
-    trajectory is sampled by the weights it is trained at (staleness 0), nothing lost."""
+    trajectory is sampled by the weights it is trained at (staleness 0), nothing lost. Sampled through
+    the token route (engine.token_route): every token of every turn carries the version that sampled it."""
     from sao.rl.build import run_training
 
     server = restore_engine
     cfg = real_config("grpo", server, max_steps=2, keep_checkpoints=1, batch_size=4)
-    cfg = replace(cfg, rollout=replace(cfg.rollout, mode="pipe", concurrency=8))
+    cfg = replace(cfg, rollout=replace(cfg.rollout, mode="pipe", concurrency=8),
+                  engine=replace(cfg.engine, token_route=True))
+    routed = server.log_path.read_text().count("POST /inference/v1/generate")  # the engine logs each request
     try:
         run_training(replace(cfg, output_dir=str(tmp_path / "pipe")), tmp_path / "pipe")
         rows = lines(tmp_path / "pipe" / "metrics.jsonl")
@@ -223,6 +226,11 @@ def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
             prompts = [e["prompt_index"] for e in row["episodes"]]
             assert all(prompts.count(p) == 2 for p in prompts)
             assert {e["policy_version"] for e in row["episodes"]} == {row["step"] - 1}
+        trained = [t for t in lines(tmp_path / "pipe" / "trajectories.jsonl") if t["status"] == "ok"]
+        assert trained and all(turn["token_versions"] == [[t["rollout"]["policy_version"], turn["completion_len"]]]
+                               for t in trained for turn in t["turns"] if turn["completion_len"])
+        turns = sum(len(t["turns"]) for t in lines(tmp_path / "pipe" / "trajectories.jsonl"))
+        assert server.log_path.read_text().count("POST /inference/v1/generate") - routed >= turns  # that route
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
