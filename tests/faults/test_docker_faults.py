@@ -92,7 +92,9 @@ def _dockerd() -> tuple[int, list[str]]:
     if len(pids) != 1:
         pytest.skip(f"expected one dockerd process to restart, found {len(pids)}")
     argv = Path(f"/proc/{pids[0]}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    return int(pids[0]), [a.decode() for a in argv]
+    # the binary by its absolute path: started as plain `dockerd`, it would be looked up on this PATH, which
+    # may lack /usr/sbin (a shell under `env -i`), and the daemon would then stay down for the whole suite
+    return int(pids[0]), [os.readlink(f"/proc/{pids[0]}/exe"), *(a.decode() for a in argv[1:])]
 
 
 def _answers(timeout_s: float) -> bool:
