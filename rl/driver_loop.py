@@ -40,7 +40,7 @@ from sao.rl.rollout.replicas import UNKNOWN_VERSION
 from sao.rl.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.tasks import PromptRef, episode_seed
 from sao.rl.trainable import failure
-from sao.rl.versioned_client import VersionedClient, turn_versions
+from sao.rl.versioned_client import VersionedClient, turn_versions, version_metrics
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ class DriverLoop:
             staleness = [action.step - rollout_meta(t).policy_version for t in step]
             wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
             metrics = {**rollout_metrics(step, step, wall), **self.stats(), **self.lengths.metrics(),
+                       **version_metrics(step, action.step),
                        "rollout/batch_staleness_max": float(max(staleness)),
                        "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []

@@ -59,3 +59,29 @@ def turn_versions(trajectory: Trajectory, fallback: int) -> tuple[int, ...]:
     for turn in trajectory.turns:
         out += turn.versions
     return tuple(out) or (fallback,)
+
+
+def version_metrics(trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    """What per-token versions show about a trained batch (turns that carry runs only; none: {}):
+    ``rollout/token_staleness_mean`` (``step`` minus the version of each sampled token, averaged over
+    tokens), ``rollout/split_turns`` (turns a weight update landed in: more than one run) and
+    ``rollout/reprefill_tokens`` (what continuing them cost: at each split the engine re-computed the
+    turn's prompt and the tokens sampled before it on the new weights)."""
+    tokens = staleness = split = reprefill = 0
+    for trajectory in trajectories:
+        for turn in trajectory.turns:
+            runs = turn.token_versions
+            if not runs:
+                continue
+            tokens += sum(n for _, n in runs)
+            staleness += sum((step - v) * n for v, n in runs)
+            if len(runs) > 1:
+                split += 1
+                done = 0
+                for _, n in runs[:-1]:
+                    done += n
+                    reprefill += turn.prompt_len + done
+    if not tokens:
+        return {}
+    return {"rollout/token_staleness_mean": staleness / tokens, "rollout/split_turns": float(split),
+            "rollout/reprefill_tokens": float(reprefill)}

@@ -156,3 +156,20 @@ def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engi
     (v0, n0), (v1, n1) = split.token_versions  # type: ignore[misc]
     assert (v0, v1) == (3, 4) and n0 > 0 and n1 > 0 and n0 + n1 == 400
     assert preempted >= 1
+
+
+def test_a_batchs_version_metrics_count_token_staleness_splits_and_the_recompute():
+    from sao.rl.versioned_client import version_metrics
+
+    def trajectory(*turns: TurnRecord) -> Trajectory:
+        n = turns[-1].prompt_len + turns[-1].completion_len
+        return Trajectory("e", "env", "t", 0, None, (1,) * n, (0,) * n, (0.0,) * n, turns, (), 0.0, True, False, "ok")
+
+    split = TurnRecord(10, 6, "stop", None, 0.0, 1.0, token_versions=((3, 2), (4, 4)))  # landed after 2 tokens
+    whole = TurnRecord(20, 4, "stop", None, 0.0, 1.0, token_versions=((4, 4),))
+    unknown = TurnRecord(30, 5, "stop", None, 0.0, 1.0)
+    m = version_metrics([trajectory(split, whole), trajectory(unknown)], step=5)
+    # tokens: 2 at staleness 2, 8 at staleness 1 -> 12 / 10; one split turn, re-prefilled 10 + 2 tokens
+    assert m == {"rollout/token_staleness_mean": pytest.approx(1.2), "rollout/split_turns": 1.0,
+                 "rollout/reprefill_tokens": 12.0}
+    assert version_metrics([trajectory(unknown)], step=5) == {}
