@@ -37,33 +37,55 @@ class OpenAICompletionClient(TransportClient):
     """An :class:`CompletionClient` for any OpenAI-compatible server that accepts token-id prompts."""
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-                "return_token_ids": True, "skip_special_tokens": True}
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop:
-            body["stop"] = list(params.stop)
+        body = {"model": self.model, "prompt": list(prompt_ids), **sampling_fields(params), "return_token_ids": True}
         answer = await self._http.post("/completions", body)
         return replace(parse_completion(answer.data), attempts=answer.attempts)
 
 
-def parse_completion(response: Any) -> Completion:
-    """Check and convert one ``/v1/completions`` response (an SDK object or a dict)."""
+def sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    """vLLM's sampling fields for ``params``, one sampled-token log-prob each (the completions body's, and
+    the token route's ``sampling_params``)."""
+    out: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
+                           "top_p": params.top_p, "logprobs": 0, "skip_special_tokens": True}
+    if params.seed is not None:
+        out["seed"] = params.seed
+    if params.stop:
+        out["stop"] = list(params.stop)
+    return out
+
+
+def first_choice(response: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(body, its first choice) of a response (an SDK object or a dict), or EngineResponseError."""
     data = response.model_dump() if hasattr(response, "model_dump") else response
     try:
-        choice = data["choices"][0]
+        return data, data["choices"][0]
     except (KeyError, IndexError, TypeError):
         raise EngineResponseError(f"response has no choices: {str(data)[:300]}") from None
+
+
+def sampled_token_ids(choice: dict[str, Any], missing: str) -> list[int]:
+    """The choice's ``token_ids``, or EngineResponseError(``missing``)."""
     token_ids = choice.get("token_ids")
     if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
-        raise EngineResponseError("response carries no `token_ids`; the server must support token-in/token-out "
-                                  "(vLLM: `return_token_ids`); sao-eval runs endpoints without them with "
-                                  "`--endpoint-mode chat`")
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-    if not isinstance(logprobs, list) or len(logprobs) != len(token_ids):
-        raise EngineResponseError(f"expected {len(token_ids)} token log-probs, got "
+        raise EngineResponseError(missing)
+    return token_ids
+
+
+def check_count(logprobs: Any, tokens: int) -> list[Any]:
+    """``logprobs`` when it is a list of one entry per sampled token, else EngineResponseError."""
+    if not isinstance(logprobs, list) or len(logprobs) != tokens:
+        raise EngineResponseError(f"expected {tokens} token log-probs, got "
                                   f"{'none' if logprobs is None else len(logprobs)}")
+    return logprobs
+
+
+def parse_completion(response: Any) -> Completion:
+    """Check and convert one ``/v1/completions`` response (an SDK object or a dict)."""
+    data, choice = first_choice(response)
+    token_ids = sampled_token_ids(choice, "response carries no `token_ids`; the server must support token-in/"
+                                          "token-out (vLLM: `return_token_ids`); sao-eval runs endpoints without "
+                                          "them with `--endpoint-mode chat`")
+    logprobs = check_count((choice.get("logprobs") or {}).get("token_logprobs"), len(token_ids))
     if any(not isinstance(lp, (int, float)) for lp in logprobs):
         raise EngineResponseError("a token log-prob is not a number")
     prompt_ids = choice.get("prompt_token_ids")

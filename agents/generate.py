@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .client import SamplingParams
+from .client import SamplingParams, check_count, first_choice, sampled_token_ids, sampling_fields
 from .errors import EngineResponseError
 from .records import Completion, VersionRuns
 from .transport import TransportClient
@@ -39,13 +39,7 @@ class GenerateClient(TransportClient):
     :func:`generate_base_url` of the server's root."""
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        sampling: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
-                                    "top_p": params.top_p, "logprobs": 0, "skip_special_tokens": True}
-        if params.seed is not None:
-            sampling["seed"] = params.seed
-        if params.stop:
-            sampling["stop"] = list(params.stop)
-        body = {"model": self.model, "token_ids": list(prompt_ids), "sampling_params": sampling,
+        body = {"model": self.model, "token_ids": list(prompt_ids), "sampling_params": sampling_fields(params),
                 "output_mode": "text", "return_token_ids": True}
         answer = await self._http.post("/generate", body)
         return replace(parse_generate(answer.data), attempts=answer.attempts)
@@ -53,18 +47,9 @@ class GenerateClient(TransportClient):
 
 def parse_generate(response: Any) -> Completion:
     """Check and convert one token-route response (a dict)."""
-    data = response.model_dump() if hasattr(response, "model_dump") else response
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        raise EngineResponseError(f"response has no choices: {str(data)[:300]}") from None
-    token_ids = choice.get("token_ids")
-    if not isinstance(token_ids, list) or not all(isinstance(t, int) for t in token_ids):
-        raise EngineResponseError(f"token-route response carries no `token_ids`: {str(choice)[:300]}")
-    content = (choice.get("logprobs") or {}).get("content")
-    if not isinstance(content, list) or len(content) != len(token_ids):
-        raise EngineResponseError(f"expected {len(token_ids)} token log-probs, got "
-                                  f"{'none' if content is None else len(content)}")
+    data, choice = first_choice(response)
+    token_ids = sampled_token_ids(choice, f"token-route response carries no `token_ids`: {str(choice)[:300]}")
+    content = check_count((choice.get("logprobs") or {}).get("content"), len(token_ids))
     logprobs = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
     if any(not isinstance(lp, (int, float)) or lp <= -9999.0 for lp in logprobs):  # vLLM's "missing" sentinel
         raise EngineResponseError("a token log-prob is missing or not a number")
