@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_arithmetic.py"
-_spec = importlib.util.spec_from_file_location("learning_arithmetic", _PATH)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["learning_arithmetic"] = bench  # dataclasses look their module up by name
-_spec.loader.exec_module(bench)
+from tests.benchmark_module import load
+
+bench = load("learning_arithmetic")
 
 
 def test_t_interval_over_seeds():

@@ -4,20 +4,13 @@ table and verdicts it prints, with ``run_arm`` scripted (the real arms start vLL
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from sao.agents.engine_metrics import EngineMetrics
+from tests.benchmark_module import load
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "war.py"
-_spec = importlib.util.spec_from_file_location("war", _PATH)
-assert _spec is not None and _spec.loader is not None
-war = importlib.util.module_from_spec(_spec)
-sys.modules["war"] = war  # dataclasses look their module up by name
-_spec.loader.exec_module(war)
+war = load("war")
 
 # tokens/s by arm and level: suffix wins at 1 and 4, loses at 16; the load-aware engine follows plain above 4
 SPEED = {"off": {1: 10.0, 4: 30.0, 16: 60.0}, "suffix": {1: 20.0, 4: 33.0, 16: 40.0},
