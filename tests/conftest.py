@@ -15,6 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    """Under xdist, this worker computes on its own share of the cores (tests/workers.py)."""
+    from tests.workers import pin_this_worker
+
+    pin_this_worker()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its --dist loadgroup)
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    from tests.workers import assign_groups
+
+    assign_groups(items)
+
+
 @pytest.fixture(autouse=True)
 def _give_memory_back(request):  # type: ignore[no-untyped-def]
     """After a test that trains or serves the real model, free what it left and hand the freed heap

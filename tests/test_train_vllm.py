@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -170,14 +171,33 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
 
     exe = Path(sys.executable).with_name("sao-train")
     run_dir = tmp_path / "main"
-    def vllm_pids() -> set[int]:
-        return {p.pid for p in psutil.process_iter(["cmdline"]) if "vllm" in " ".join(p.info["cmdline"] or []).lower()}
+    owner = f"test-{os.getpid()}-{time.monotonic_ns()}"  # in the environment of every process the run starts
 
-    before = vllm_pids()
+    def vllm_pids() -> set[int]:  # this run's: other tests (another xdist worker) start engines too
+        found = set()
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "vllm" in " ".join(p.info["cmdline"] or []).lower() and p.environ().get("SAO_TEST_OWNER") == owner:
+                    found.add(p.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return found
+
+    proc = None
     try:
-        out = subprocess.run([str(exe), "max_steps=1", f"output_dir={run_dir}", "batch_size=2", "value_pretrain_steps=1",
-                              "env.max_tokens=32", "engine.kv_cache_gib=1", "keep_checkpoints=1", "eval.problems=8"],
-                             capture_output=True, text=True, timeout=900)
+        with (tmp_path / "out").open("w") as stdout, (tmp_path / "err").open("w") as stderr:  # no pipe to fill
+            proc = subprocess.Popen([str(exe), "max_steps=1", f"output_dir={run_dir}", "batch_size=2",
+                                     "value_pretrain_steps=1", "env.max_tokens=32", "engine.kv_cache_gib=1",
+                                     "keep_checkpoints=1", "eval.problems=8"],
+                                    stdout=stdout, stderr=stderr, env={**os.environ, "SAO_TEST_OWNER": owner})
+            deadline, seen = time.monotonic() + 900, set()
+            while proc.poll() is None and time.monotonic() < deadline:  # the run's engine, seen while it serves
+                seen |= vllm_pids()
+                time.sleep(2)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        out = subprocess.CompletedProcess(proc.args, proc.returncode, (tmp_path / "out").read_text(),
+                                          (tmp_path / "err").read_text())
+        assert seen, "the run's vLLM processes were never seen (SAO_TEST_OWNER in their environment)"
         assert out.returncode == 0, out.stderr[-3000:]
         baseline, *rows = lines(run_dir / "metrics.jsonl")
         assert len(rows) == 1 and rows[0]["engine/weight_version"] == 1 and math.isfinite(rows[0]["loss/value"])
@@ -193,9 +213,10 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
                                                                                           "smollm2-135m")
         assert "Application startup complete" in (run_dir / "vllm.log").read_text()
         assert len(lines(run_dir / "value_pretrain.jsonl")) == 1
-        after = vllm_pids()
-        assert after <= before, f"vLLM processes left behind: {after - before}"
+        assert not vllm_pids(), f"vLLM processes left behind: {vllm_pids()}"
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 

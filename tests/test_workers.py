@@ -1,0 +1,56 @@
+"""tests/workers.py: how the suite's xdist workers share the cores and which tests run one at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.workers import DOCKER_GROUP, ENGINE_GROUP, assign_groups, worker_cores
+
+
+def test_each_worker_gets_a_disjoint_share_of_the_cores():
+    assert [worker_cores(f"gw{i}", 2, [0, 1]) for i in range(2)] == [[0], [1]]
+    assert [worker_cores(f"gw{i}", 2, [0, 1, 2, 3, 4]) for i in range(2)] == [[0, 1], [2, 3, 4]]  # the rest: last
+    assert [worker_cores(f"gw{i}", 3, [4, 5, 6]) for i in range(3)] == [[4], [5], [6]]
+    assert worker_cores("gw1", 2, [0]) == [0]  # fewer cores than workers: all of them (nothing pinned)
+    with pytest.raises(ValueError, match="gw2"):
+        worker_cores("gw2", 2, [0, 1])
+
+
+class Item:
+    """What assign_groups reads of a pytest item."""
+
+    def __init__(self, path: Path, *marks: str) -> None:
+        self.path, self.marks = path, {m: getattr(pytest.mark, m).mark for m in marks}
+
+    def get_closest_marker(self, name: str):  # type: ignore[no-untyped-def]
+        return self.marks.get(name)
+
+    def add_marker(self, mark) -> None:  # type: ignore[no-untyped-def]
+        self.marks[mark.name] = mark.mark
+
+    def group(self) -> str | None:
+        mark = self.marks.get("xdist_group")
+        return mark.args[0] if mark else None
+
+
+def test_docker_modules_run_on_one_worker_and_engine_tests_on_the_other(tmp_path: Path):
+    docker, plain = tmp_path / "test_a.py", tmp_path / "test_b.py"
+    docker.write_text("def test_x(docker_client): ...\n")
+    plain.write_text("def test_y(): ...\n")
+    items = [Item(docker), Item(docker, "vllm"), Item(plain, "vllm"), Item(plain, "slow"), Item(plain), Item(plain)]
+    items[-1].add_marker(pytest.mark.xdist_group("mine"))
+    assign_groups(items)  # type: ignore[arg-type]
+    assert [i.group() for i in items] == [DOCKER_GROUP, DOCKER_GROUP, ENGINE_GROUP, ENGINE_GROUP, None, "mine"]
+
+
+def test_the_suites_own_docker_tests_all_share_one_group():
+    """Every module that starts containers, or restarts the daemon, lands in the Docker group."""
+    tests = Path(__file__).parent
+    items = [Item(path) for path in sorted(tests.glob("**/test_*.py"))]
+    assign_groups(items)  # type: ignore[arg-type]
+    grouped = {i.path.relative_to(tests).as_posix() for i in items if i.group() == DOCKER_GROUP}
+    assert {"faults/test_docker_faults.py", "test_swe_real.py", "test_envs.py", "test_soak.py",
+            "test_swe_train.py", "test_sandboxes_docker.py"} <= grouped
+    assert "test_losses.py" not in grouped

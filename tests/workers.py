@@ -1,0 +1,67 @@
+"""How the suite shares the machine between pytest-xdist workers (``scripts/test``: ``-n 2 --dist
+loadgroup``). Alone the suite kept less than one of the 2 cores busy on average (83% of a core over
+72 minutes): engine start-ups, container builds and single-threaded Python leave the other idle.
+
+- Groups. Every test of a module that touches Docker runs on one worker, one test at a time: one of them
+  restarts the daemon, and several count every container under a label. Every other real-engine or
+  slow test runs on the other worker, one at a time: two trainers beside their engines at once would
+  crowd the 24 GiB. The quick tests fill in on whichever worker is free.
+- Cores. Each worker computes on its own share of the cores (``sched_setaffinity``, which the engines,
+  trainers and tools it starts inherit), and vLLM's OpenMP threads are bound inside that share
+  (``VLLM_CPU_OMP_THREADS_BIND``). Unpinned, two workers' OpenMP threads on 2 cores wait on each
+  other, and every vLLM picks the same core by itself (sao.agents.fleet.cpu_share).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DOCKER_GROUP, ENGINE_GROUP = "docker", "engines"
+
+
+def worker_cores(worker: str, workers: int, cores: list[int]) -> list[int]:
+    """Worker ``gwN``'s share of ``cores``: disjoint equal slices, the remainder to the last worker;
+    all of them when there are fewer cores than workers (then nothing is pinned)."""
+    index = int(worker.removeprefix("gw"))
+    if workers < 1 or index >= workers:
+        raise ValueError(f"worker {worker!r} of {workers}")
+    if len(cores) < workers:
+        return list(cores)
+    share = len(cores) // workers
+    return list(cores[index * share:]) if index == workers - 1 else list(cores[index * share:(index + 1) * share])
+
+
+def pin_this_worker() -> list[int] | None:
+    """Pin this xdist worker to its share of the cores (module doc); None outside xdist or with
+    ``SAO_TEST_PIN=0``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or os.environ.get("SAO_TEST_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    mine = worker_cores(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), cores)
+    if mine == cores:
+        return None
+    os.sched_setaffinity(0, mine)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
+    return mine
+
+
+def _touches_docker(path: Path, seen: dict[Path, bool]) -> bool:
+    if path not in seen:
+        seen[path] = "docker" in path.read_text(encoding="utf-8", errors="replace").lower()
+    return seen[path]
+
+
+def assign_groups(items: list[pytest.Item]) -> None:
+    """Mark each item's xdist group (module doc); items that already name one keep it."""
+    seen: dict[Path, bool] = {}
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if _touches_docker(Path(item.path), seen):
+            item.add_marker(pytest.mark.xdist_group(DOCKER_GROUP))
+        elif item.get_closest_marker("vllm") or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
