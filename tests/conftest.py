@@ -29,6 +29,13 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     assign_groups(items)
 
 
+@pytest.hookimpl(trylast=True)  # after xdist has put the groups into the node ids
+def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
+    from tests.workers import check_grouped
+
+    check_grouped(session.config, session.items)
+
+
 @pytest.fixture(autouse=True)
 def _give_memory_back(request):  # type: ignore[no-untyped-def]
     """After a test that trains or serves the real model, free what it left and hand the freed heap

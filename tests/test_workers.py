@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers import DOCKER_GROUP, ENGINE_GROUP, assign_groups, worker_cores
+from tests.workers import DOCKER_GROUP, ENGINE_GROUP, assign_groups, check_grouped, worker_cores
 
 
 def test_each_worker_gets_a_disjoint_share_of_the_cores():
@@ -54,3 +54,22 @@ def test_the_suites_own_docker_tests_all_share_one_group():
     assert {"faults/test_docker_faults.py", "test_swe_real.py", "test_envs.py", "test_soak.py",
             "test_swe_train.py", "test_sandboxes_docker.py"} <= grouped
     assert "test_losses.py" not in grouped
+
+
+def test_a_worker_whose_groups_did_not_reach_the_node_ids_stops(monkeypatch, tmp_path: Path):
+    class Config:
+        def getoption(self, name, default=None):  # type: ignore[no-untyped-def]
+            return "loadgroup" if name == "dist" else default
+
+    item = Item(tmp_path / "test_a.py")
+    item.add_marker(pytest.mark.xdist_group(DOCKER_GROUP))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    item.nodeid = "test_a.py::test_x"  # type: ignore[attr-defined]  # what xdist 3.8 leaves on pytest 9
+    with pytest.raises(pytest.UsageError, match="did not group 1 tests"):
+        check_grouped(Config(), [item])  # type: ignore[arg-type]
+    item.nodeid = "test_a.py::test_x@docker"  # type: ignore[attr-defined]
+    check_grouped(Config(), [item])  # type: ignore[arg-type]
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    item.nodeid = "test_a.py::test_x"  # type: ignore[attr-defined]  # not under xdist: nothing to check
+    check_grouped(Config(), [item])  # type: ignore[arg-type]
+

@@ -65,3 +65,15 @@ def assign_groups(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(DOCKER_GROUP))
         elif item.get_closest_marker("vllm") or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+
+
+def check_grouped(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``, fail the worker's collection if xdist did not put a group into the
+    node ids (it renames ``item._nodeid``, which pytest 9 no longer reads): the groups are what keep the
+    Docker daemon's restart away from the other Docker tests."""
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("dist", None) == "loadgroup"):
+        return
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}) on pytest "
+                                f"{pytest.__version__}: its --dist loadgroup needs pytest < 9 here")
