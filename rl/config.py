@@ -171,8 +171,10 @@ class EngineConfig:
     spec_schedule: list[list[int]] | None = None
     # sample through vLLM's token route (POST /inference/v1/generate; managed engines get --enable-scale-out):
     # each token's policy version (Completion.token_versions), so a turn a sync landed in counts the
-    # versions that really sampled it. External engines need --enable-scale-out themselves.
-    token_route: bool = False
+    # versions that really sampled it. null: on for managed engines in the scheduled modes (where a sync
+    # lands under running turns), off for rollout=sync (no turn spans a sync) and for external engines,
+    # which need --enable-scale-out themselves (resolve_defaults).
+    token_route: bool | None = None
 
     def __post_init__(self) -> None:
         spec = self.speculative_config()  # validates the method and spec_tokens
@@ -422,8 +424,8 @@ PPO_CLIP = (0.2, 0.28)  # clip-higher (DAPO)
 
 def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
     """Fill what the config leaves to the environment: ``env.domain`` from the registry, then the
-    loss's band (``algo.eps_low`` / ``eps_high``) where it is None, and a coding env's container
-    bound (``env.max_concurrent``). Returns ``cfg`` (changed in
+    loss's band (``algo.eps_low`` / ``eps_high``) where it is None, a coding env's container
+    bound (``env.max_concurrent``), and ``engine.token_route``. Returns ``cfg`` (changed in
     place), so that the run folder's config.json holds the values the run used."""
     from sao.envs.errors import UnknownEnvError
     from sao.envs.registry import resolve
@@ -439,6 +441,8 @@ def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
         from sao.sandboxes import container_slots
 
         cfg.env.max_concurrent = container_slots()
+    if cfg.engine.token_route is None:
+        cfg.engine.token_route = cfg.rollout.mode != "sync" and not cfg.engine.base_url
     low, high = DIS_BANDS[cfg.env.domain] if cfg.algo.loss == "dis" else PPO_CLIP
     cfg.algo.eps_low = low if cfg.algo.eps_low is None else cfg.algo.eps_low
     cfg.algo.eps_high = high if cfg.algo.eps_high is None else cfg.algo.eps_high

@@ -464,6 +464,19 @@ def composed(*overrides: str) -> TrainConfig:
         return to_config(compose("config", overrides=list(overrides)))
 
 
+def test_the_token_route_is_on_where_a_sync_can_land_under_a_running_turn():
+    """engine.token_route null: managed engines in the scheduled modes sample through the token route (each
+    token's version); rollout=sync (no turn spans a sync) and external engines (which may lack
+    --enable-scale-out) do not, unless asked."""
+    assert composed().engine.token_route is False  # rollout=sync
+    for mode in ("async", "multi_version", "one_step_off"):
+        assert composed(f"rollout={mode}").engine.token_route is True, mode
+    assert composed("rollout=pipe", "algo=grpo").engine.token_route is True
+    assert composed("rollout=async", "engine.base_url=http://h:8000").engine.token_route is False
+    assert composed("rollout=async", "engine.token_route=false").engine.token_route is False
+    assert composed("engine.token_route=true").engine.token_route is True
+
+
 def test_the_dis_band_follows_the_environments_domain():
     """METHOD.md 1.8: math 0.3 / 5.0, coding 0.8 / 3.0, chosen by the env unless the config names one."""
     sao = composed()
