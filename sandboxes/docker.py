@@ -51,7 +51,6 @@ import io
 import logging
 import os
 import posixpath
-import socket
 import tarfile
 import threading
 import time
@@ -61,6 +60,7 @@ from typing import Any
 
 from .base import TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer, SandboxLimits, timeout_marker
 from .errors import DockerUnavailableError, SandboxClosedError, SandboxError, SandboxStartError
+from .orphans import OnceReaper, owner_label
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ LABEL_KEY = "io.sao.sandbox"
 """Label every sandbox container carries; its value is the ``label`` argument (default ``"1"``)."""
 LABEL_VALUE = "1"
 OWNER_LABEL_KEY = "io.sao.sandbox.owner"
-"""``host:pid`` of the process that created the container (for diagnosis of leftovers)."""
+"""``host:pid`` of the process that created the container: a dead one's are removed (:mod:`.orphans`)."""
 
 
 _SENTINEL = "__SAO_TIMEOUT_{}__"
@@ -175,10 +175,11 @@ class DockerSandbox:
         import docker.errors
 
         lim = self.limits
+        _reap_once(self._client)  # a SIGKILLed run's containers go before this process adds its own
         try:
             container = self._client.containers.create(
                 self.image, command=["sleep", "infinity"], name=self.name, detach=True,
-                labels={LABEL_KEY: self.label, OWNER_LABEL_KEY: f"{socket.gethostname()}:{os.getpid()}"},
+                labels={LABEL_KEY: self.label, OWNER_LABEL_KEY: owner_label()},
                 network_mode=None if lim.network else "none",
                 nano_cpus=int(lim.cpus * 1e9), mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m",
                 pids_limit=lim.pids, cap_drop=["ALL"], cap_add=cap_add or None,
@@ -472,6 +473,8 @@ def gc(label: str | None = None, client: Any = None) -> int:
         if own:
             client.close()
 
+
+_reap_once = OnceReaper()
 
 _EXIT_WAIT_S = 30.0  # at exit, how long to wait for an absent daemon to remove the containers it still has
 

@@ -292,6 +292,27 @@ def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
     assert containers(client, label) == []
 
 
+def test_the_next_process_removes_a_sigkilled_owners_containers(image, client):
+    """sao.sandboxes.orphans: the first sandbox a process starts removes this host's dead owners' containers."""
+    label = f"{LABEL}-orphan"
+    killed = _child("time.sleep(600)\n", label)
+    try:
+        line = killed.stdout.readline()
+        assert line.startswith("READY"), (line, killed.stderr.read() if killed.poll() is not None else "")
+        killed.kill()
+        killed.wait(timeout=30)
+        assert len(containers(client, label)) == 1  # SIGKILL: nothing ran, the container is left
+        later = _child("sb.close()\n", f"{label}-later")  # another run, under another label
+        out, err = later.communicate(timeout=120)
+        assert later.returncode == 0 and out.startswith("READY"), err
+        assert containers(client, label) == []
+        assert "left by processes that died" in err  # it says what it removed
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+        gc(label=label, client=client)
+
+
 def test_atexit_removes_unclosed_sandboxes(image, client):
     label = f"{LABEL}-atexit"
     child = _child("sys.exit(0)\n", label)
