@@ -29,6 +29,18 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     assign_groups(items)
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock: waiting is not running
+def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
+    """A test that starts engines or trains the real model runs alone among such tests (tests/workers.py)."""
+    from tests.workers import machine_lock, needs_the_machine
+
+    if needs_the_machine(item):
+        with machine_lock():
+            yield
+    else:
+        yield
+
+
 @pytest.hookimpl(trylast=True)  # after xdist has put the groups into the node ids
 def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
     from tests.workers import check_grouped

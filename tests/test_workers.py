@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.workers import DOCKER_GROUP, ENGINE_GROUP, assign_groups, check_grouped, worker_cores
+from tests.workers import (
+    DOCKER_GROUP,
+    ENGINE_GROUP,
+    assign_groups,
+    check_grouped,
+    machine_lock,
+    needs_the_machine,
+    worker_cores,
+)
 
 
 def test_each_worker_gets_a_disjoint_share_of_the_cores():
@@ -21,8 +33,9 @@ def test_each_worker_gets_a_disjoint_share_of_the_cores():
 class Item:
     """What assign_groups reads of a pytest item."""
 
-    def __init__(self, path: Path, *marks: str) -> None:
+    def __init__(self, path: Path, *marks: str, fixtures: tuple[str, ...] = ()) -> None:
         self.path, self.marks = path, {m: getattr(pytest.mark, m).mark for m in marks}
+        self.fixturenames = list(fixtures)
 
     def get_closest_marker(self, name: str):  # type: ignore[no-untyped-def]
         return self.marks.get(name)
@@ -72,4 +85,38 @@ def test_a_worker_whose_groups_did_not_reach_the_node_ids_stops(monkeypatch, tmp
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     item.nodeid = "test_a.py::test_x"  # type: ignore[attr-defined]  # not under xdist: nothing to check
     check_grouped(Config(), [item])  # type: ignore[arg-type]
+
+
+def test_engine_tests_and_docker_tests_with_an_engine_take_the_machine(tmp_path: Path):
+    docker, plain = tmp_path / "test_a.py", tmp_path / "test_b.py"
+    docker.write_text("docker\n")
+    plain.write_text("\n")
+    items = [Item(plain, "vllm"), Item(docker, "vllm"), Item(docker, fixtures=("vllm_server",)),
+             Item(docker, fixtures=("docker_client",)), Item(plain), Item(plain, fixtures=("smollm2_dir",))]
+    assign_groups(items)  # type: ignore[arg-type]
+    assert [needs_the_machine(i) for i in items] == [True, True, True, False, False, False]  # type: ignore[arg-type]
+
+
+def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatch):
+    run = uuid.uuid4().hex
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    path = Path(tempfile.gettempdir()) / f"sao-tests-{run}.lock"
+    probe = ("import fcntl, sys\nwith open(sys.argv[1], 'a+') as fh:\n"
+             "    try:\n        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n"
+             "        sys.exit(3)\n")
+
+    def other_gets_it() -> bool:
+        code = subprocess.run([sys.executable, "-c", probe, str(path)], check=False).returncode
+        assert code in (0, 3)
+        return code == 0
+
+    try:
+        with machine_lock():
+            assert path.exists() and not other_gets_it()
+        assert other_gets_it()
+    finally:
+        path.unlink(missing_ok=True)
+    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID")
+    with machine_lock():  # outside xdist: nothing to hold
+        pass
 

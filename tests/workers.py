@@ -6,6 +6,12 @@ loadgroup``). Alone the suite kept less than one of the 2 cores busy on average 
   restarts the daemon, and several count every container under a label. Every other real-engine or
   slow test runs on the other worker, one at a time: two trainers beside their engines at once would
   crowd the 24 GiB. The quick tests fill in on whichever worker is free.
+- Memory. One vLLM engine holds about 4.4 GB here (front-end, engine core, worker), and each worker
+  keeps the session's shared one: a test that starts its own engines and trainer on each worker at once
+  left 3.5 GB of the 24 GiB free (2026-12-03). So the tests that start an engine or train the real
+  model take one machine-wide lock (:func:`machine_lock`) around their whole run: every engine test,
+  and the Docker tests that use an engine. The Docker tests that only grade or run containers, and the
+  quick tests, go on beside them.
 - Cores. Each worker computes on its own share of the cores (``sched_setaffinity``, which the engines,
   trainers and tools it starts inherit), and vLLM's OpenMP threads are bound inside that share
   (``VLLM_CPU_OMP_THREADS_BIND``). Unpinned, two workers' OpenMP threads on 2 cores wait on each
@@ -14,12 +20,17 @@ loadgroup``). Alone the suite kept less than one of the 2 cores busy on average 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 DOCKER_GROUP, ENGINE_GROUP = "docker", "engines"
+ENGINE_FIXTURES = frozenset({"vllm_server", "restore_engine", "smollm2_dir", "engine_model_dir"})
 
 
 def worker_cores(worker: str, workers: int, cores: list[int]) -> list[int]:
@@ -77,3 +88,36 @@ def check_grouped(config: pytest.Config, items: list[pytest.Item]) -> None:
     if lost:
         raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}) on pytest "
                                 f"{pytest.__version__}: its --dist loadgroup needs pytest < 9 here")
+
+
+def group_of(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def needs_the_machine(item: pytest.Item) -> bool:
+    """Whether ``item`` runs under :func:`machine_lock` (module doc): every engine-group test, and a
+    Docker-group test marked ``vllm`` or using the real model's fixtures."""
+    group = group_of(item)
+    if group == ENGINE_GROUP:
+        return True
+    return group == DOCKER_GROUP and bool(item.get_closest_marker("vllm")
+                                          or ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """Held by one test of this run at a time across its xdist workers; a no-op outside xdist."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"sao-tests-{run}.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
