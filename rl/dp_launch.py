@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +29,7 @@ from sao.rl.data_parallel import DataParallel
 from sao.rl.dp_ranks import Channel, LeaderAlgorithm, exit_with_parent, follow
 from sao.rl.learner import Learner
 from sao.rl.sharding import make_sharding, require_trainer_support
+from sao.sandboxes.capacity import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def plan(cfg: TrainConfig) -> RankPlan:
     if backend == "nccl" and (not cuda or torch.cuda.device_count() < n):
         raise ConfigError(f"learner.backend=nccl needs a GPU a rank: {n} ranks, "
                           f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPU(s)")
-    return RankPlan(n, backend, f"tcp://127.0.0.1:{_free_port()}", rank_threads(cfg, _cores()))
+    return RankPlan(n, backend, f"tcp://127.0.0.1:{_free_port()}", rank_threads(cfg, usable_cores()))
 
 
 def rank_threads(cfg: TrainConfig, default: int) -> int:
@@ -73,12 +73,7 @@ def rank_threads(cfg: TrainConfig, default: int) -> int:
     if cfg.learner.threads:
         return cfg.learner.threads
     n = cfg.learner.world_size
-    return default if n == 1 else max(1, _cores() // n)
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return default if n == 1 else max(1, usable_cores() // n)
 
 
 def _init(p: RankPlan, rank: int) -> Channel:

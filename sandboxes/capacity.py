@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity, which a container or ``taskset`` narrows."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def container_slots(*, memory_gb: float = 2.0, per_core: int = 2) -> int:
     """Containers this machine can run at once (module doc)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(per_core * cores, int(_available_gb() // memory_gb)))
+    return max(1, min(per_core * usable_cores(), int(_available_gb() // memory_gb)))
 
 
 def _available_gb() -> float:

@@ -70,7 +70,7 @@ def reap_orphans(client: Any, *, host: str | None = None, alive: Callable[[int],
 
 
 class OnceReaper:
-    """:func:`reap_orphans` once per process (per daemon connection tried), before its first sandbox."""
+    """:func:`reap_orphans` once per process (again in a forked child), before its first sandbox."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -276,8 +276,8 @@ def _child(code: str, label: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
-    label = f"{LABEL}-killed"
+def _sigkilled_child(client, label: str) -> None:  # type: ignore[no-untyped-def]
+    """A child that started one sandbox under ``label``, then SIGKILLed: its container is left."""
     child = _child("time.sleep(600)\n", label)
     try:
         line = child.stdout.readline()
@@ -288,6 +288,11 @@ def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
         if child.poll() is None:
             child.kill()
     assert len(containers(client, label)) == 1  # SIGKILL: nothing ran, the container is left
+
+
+def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
+    label = f"{LABEL}-killed"
+    _sigkilled_child(client, label)
     assert gc(label=label, client=client) >= 1
     assert containers(client, label) == []
 
@@ -295,21 +300,14 @@ def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
 def test_the_next_process_removes_a_sigkilled_owners_containers(image, client):
     """sao.sandboxes.orphans: the first sandbox a process starts removes this host's dead owners' containers."""
     label = f"{LABEL}-orphan"
-    killed = _child("time.sleep(600)\n", label)
     try:
-        line = killed.stdout.readline()
-        assert line.startswith("READY"), (line, killed.stderr.read() if killed.poll() is not None else "")
-        killed.kill()
-        killed.wait(timeout=30)
-        assert len(containers(client, label)) == 1  # SIGKILL: nothing ran, the container is left
+        _sigkilled_child(client, label)
         later = _child("sb.close()\n", f"{label}-later")  # another run, under another label
         out, err = later.communicate(timeout=120)
         assert later.returncode == 0 and out.startswith("READY"), err
         assert containers(client, label) == []
         assert "left by processes that died" in err  # it says what it removed
     finally:
-        if killed.poll() is None:
-            killed.kill()
         gc(label=label, client=client)
 
 
