@@ -252,7 +252,7 @@ class Trajectory:
     def to_json(self) -> str:
         record = asdict(self)
         record["schema"] = SCHEMA_VERSION
-        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str).translate(_LINE_BREAKS)
 
     @classmethod
     def from_json(cls, line: str) -> Trajectory:
@@ -264,6 +264,12 @@ class Trajectory:
         for key in ("token_ids", "action_mask", "logprobs", "messages"):
             record[key] = tuple(record[key])
         return cls(**record)
+
+
+# Model text can hold U+0085, U+2028 and U+2029, which json.dumps(ensure_ascii=False) leaves raw inside a
+# string and str.splitlines() (and readers built on it) takes for line breaks: a soak read 7 whole
+# records as torn. Escaped, every record is one line for any reader; json.loads gives the same text.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def jsonable(info: dict[str, Any]) -> dict[str, Any]:

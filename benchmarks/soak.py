@@ -265,7 +265,8 @@ def episodes_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 rc = p.wait()
             path = out / name / "trajectories.jsonl"
             records, torn = [], 0
-            for line in path.read_text().splitlines() if path.exists() else []:
+            text = path.read_text(encoding="utf-8") if path.exists() else ""
+            for line in filter(str.strip, text.split("\n")):  # "\n" only: old records' text may hold a raw U+2028
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError:

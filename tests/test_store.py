@@ -46,3 +46,11 @@ def test_rollout_metadata_is_a_record_on_the_trajectory() -> None:
     assert Trajectory.from_json(t.to_json()) == t
     with pytest.raises(TypeError):
         RolloutMeta(prompt_index=7, policy_version=3, prompt_idx=7)  # type: ignore[call-arg]  # a typo fails
+
+
+def test_a_record_is_one_line_for_any_line_splitter() -> None:
+    text = "poem\u2028line two\u2029para\x85next\x0bvt\x1cfs"  # all that str.splitlines() breaks at
+    t = replace(_traj(0), messages=({"role": "assistant", "content": text},))
+    line = t.to_json()
+    assert len((line + "\n").splitlines()) == 1, line
+    assert Trajectory.from_json(line) == t and json.loads(line)["messages"][0]["content"] == text

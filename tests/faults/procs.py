@@ -73,13 +73,13 @@ def reap_and_assert_gone(processes: dict[int, Any], within_s: float, what: str) 
 
 def count_lines(path: Path) -> int:
     try:
-        return sum(1 for line in path.read_text().splitlines() if line.strip())
+        return sum(1 for line in path.read_text(encoding="utf-8").split("\n") if line.strip())
     except OSError:
         return 0
 
 
 def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def wait_for(what: str, predicate: Any, proc: subprocess.Popen, log: Path, timeout_s: float = 900) -> None:
