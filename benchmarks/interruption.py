@@ -19,6 +19,13 @@ Printed: completion tokens/s of each arm and their ratio, the updates and their 
 resume), the requests whose tokens span two versions or more, vLLM's preemptions, and the cost of one
 update in seconds of the ``keep`` arm's wall time over ``none``'s. The machine is shared and has 2 cores:
 the ratio from one run is the figure to read, not the absolute speeds.
+
+First run (2026-12-03, defaults; stopped by hand after 4 minutes of the keep arm): each update took
+under a second from pause to resume, but the engine's own log showed generation falling with every
+update while the same 16 requests stayed in flight: 123 -> 80 -> 54 -> 44 -> 9 -> 5 tokens/s within a
+minute, against 128-150 tokens/s in the ``none`` arm just before. It stayed at 3-6 tokens/s until stopped. Not yet
+explained (a recompile after each reload, or preempted requests that do not recover, are the first
+suspects); the training driver loads every version this way.
 """
 
 from __future__ import annotations
