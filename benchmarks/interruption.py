@@ -23,9 +23,10 @@ the ratio from one run is the figure to read, not the absolute speeds.
 First run (2026-12-03, defaults; stopped by hand after 4 minutes of the keep arm): each update took
 under a second from pause to resume, but the engine's own log showed generation falling with every
 update while the same 16 requests stayed in flight: 123 -> 80 -> 54 -> 44 -> 9 -> 5 tokens/s within a
-minute, against 128-150 tokens/s in the ``none`` arm just before. It stayed at 3-6 tokens/s until stopped. Not yet
-explained (a recompile after each reload, or preempted requests that do not recover, are the first
-suspects); the training driver loads every version this way.
+minute, against 128-150 tokens/s in the ``none`` arm just before. It stayed at 3-6 tokens/s until stopped.
+With ``SAO_VLLM_ARGS=-O0`` (no torch.compile) the same decay (139 -> 10 tokens/s), so it is not a recompile;
+it is per request: when the slowed requests finished, new ones ran at 67 tokens/s and then slowed as updates
+landed on them. Not yet explained; the training driver loads every version this way.
 """
 
 from __future__ import annotations
