@@ -88,8 +88,8 @@ def combined(readings: Sequence[EngineMetrics]) -> EngineMetrics:
     return EngineMetrics(**total, kv_cache_usage=sum(r.kv_cache_usage for r in readings) / len(readings))
 
 
-def parse_metrics(text: str) -> EngineMetrics:
-    """The record from Prometheus text; metrics the server does not export read as 0."""
+def metric_totals(text: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Each metric's samples in Prometheus text, summed over their labels, and how many samples each had."""
     totals: dict[str, float] = {}
     counts: dict[str, int] = {}
     for line in text.splitlines():
@@ -104,8 +104,19 @@ def parse_metrics(text: str) -> EngineMetrics:
         if math.isfinite(number):
             totals[name] = totals.get(name, 0.0) + number
             counts[name] = counts.get(name, 0) + 1
+    return totals, counts
+
+
+def counter_total(totals: dict[str, float], name: str) -> int:
+    """Counter ``name`` from :func:`metric_totals` (exported as ``name_total``, or bare); 0 when absent."""
+    return int(totals.get(f"{name}_total", totals.get(name, 0.0)))
+
+
+def parse_metrics(text: str) -> EngineMetrics:
+    """The record from Prometheus text; metrics the server does not export read as 0."""
+    totals, counts = metric_totals(text)
     kv = _GAUGES["kv_cache_usage"]  # a fraction per engine core: averaged, not summed
-    counters = {field: int(totals.get(f"{name}_total", totals.get(name, 0.0))) for field, name in _COUNTERS.items()}
+    counters = {field: counter_total(totals, name) for field, name in _COUNTERS.items()}
     return EngineMetrics(**counters, running=int(totals.get(_GAUGES["running"], 0.0)),
                          waiting=int(totals.get(_GAUGES["waiting"], 0.0)),
                          kv_cache_usage=totals.get(kv, 0.0) / max(counts.get(kv, 1), 1))

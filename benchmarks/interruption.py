@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
+from sao.agents.engine_metrics import counter_total, metric_totals
 from sao.agents.generate import generate_base_url
 from sao.agents.model import ensure_model
 from sao.rl.weight_load import load_weights
@@ -71,12 +71,7 @@ class Arm:
 
 def preemptions(text: str) -> int:
     """vLLM's preemption counter from a ``/metrics`` body (0 when absent)."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(r"vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if m:
-            total += float(m.group(1))
-    return int(total)
+    return counter_total(metric_totals(text)[0], "vllm:num_preemptions")
 
 
 async def run_arm(name: str, root: str, model: str, prompts: list[list[int]], args: argparse.Namespace,
