@@ -116,9 +116,13 @@ def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:
     assert all(r["rollout/lost"] == 0 for r in rows)
     failed = [t for t in lines(tmp_path / "trajectories.jsonl") if t["status"] == "failed"]
     assert failed and all("replica hiccup" in t["error"] for t in failed)  # recorded with the cause
-    final = trainer.source.stats()  # episodes go on after the last step's row; after run() none is running
+    final = trainer.source.stats()  # episodes go on after the last step's row
     assert final["rollout/lost"] == 0
-    assert final["rollout/requeued"] + final["rollout/failed_total"] >= len(failed)
+    # Every failed record is in the ledger: re-queued, failed, or still in flight there when its episode
+    # wrote the record but the run stopped before the loop read its TrajectoryFinished event.
+    ledger = trainer.source.scheduler.book.ledger  # type: ignore[attr-defined]  # the async mode's book
+    unread = [t for t in failed if (a := ledger.get(t["rollout"]["traj_id"])) is not None and a.state.value == "in_flight"]
+    assert ledger.counts["requeued"] + ledger.counts["failed"] + len(unread) >= len(failed)
 
 
 def trained_episodes(run_dir: Path) -> list[dict[str, Any]]:
