@@ -321,10 +321,12 @@ class EngineClient:
         except httpx.HTTPError:
             return False
 
-    async def pause(self, *, mode: PauseMode = "abort") -> None:
+    async def pause(self, *, mode: PauseMode = "abort", clear_cache: bool = True) -> None:
         """Stop scheduling. ``mode``: abort in-flight requests (vLLM's default), ``wait`` for them,
-        or ``keep`` them frozen until :meth:`resume`."""
-        await self._call("POST", "/pause", params={"mode": mode})
+        or ``keep`` them frozen until :meth:`resume`. ``clear_cache`` (vLLM's default): drop the KV
+        cache at the pause; in ``keep`` mode vLLM then preempts every request in flight, and each one
+        computes its whole context again after the resume. ``False`` keeps their KV blocks."""
+        await self._call("POST", "/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
 
     async def resume(self) -> None:
         await self._call("POST", "/resume")

@@ -1,32 +1,34 @@
 """What a weight update costs the requests it lands on (issue 11: partial rollouts on the token route).
 
-    .venv/bin/python benchmarks/interruption.py [--requests 48] [--concurrency 16] [--max-tokens 192]
-                                                [--every 4] [--out runs/interruption]
+    .venv/bin/python benchmarks/interruption.py [--requests 32] [--concurrency 16] [--max-tokens 192]
+                                                [--every 8] [--out runs/interruption]
 
 The rollout driver loads each version into a replica with ``sao.rl.weight_load.load_weights``: pause in
-vLLM's ``keep`` mode (the running requests are preempted and wait), reload, relabel the version, reset
-the prefix cache, resume; the requests then continue on the new weights, and the token route
+vLLM's ``keep`` mode (the running requests wait), reload, relabel the version, reset the prefix cache,
+resume; the requests then continue on the new weights, and the token route
 (``POST /inference/v1/generate``) reports each output token's version. That is the partial rollout of
-METHOD.md: no request is aborted or restarted, but every request in flight waits out the reload and,
-being preempted, has its prompt and the tokens it had generated prefilled again on the new weights.
+METHOD.md: no request is aborted or restarted. What it costs depends on the KV cache:
+- ``keep`` (the default, ``rollout.keep_kv=false``): vLLM clears its KV cache at the pause, which preempts
+  every running request; after the resume each one computes its prompt and every token it had generated
+  again, on the new weights, before its next token;
+- ``keep-kv`` (``rollout.keep_kv=true``): the pause keeps their KV blocks, computed with the old weights,
+  and they go on at once (PipelineRL's in-flight updates).
 
-One managed vLLM (the bundled model, fp32, ``--enable-scale-out``) answers the same requests twice, side
+One managed vLLM (the bundled model, fp32, the token route) answers the same requests three times, side
 by side: ``--requests`` token-route requests, ``--concurrency`` in flight, each generating exactly
-``--max-tokens`` tokens (``ignore_eos``) at temperature 1:
-- ``none``: no update;
-- ``keep``: the same folder reloaded as a new version every ``--every`` seconds while requests run.
-Printed: completion tokens/s of each arm and their ratio, the updates and their seconds (pause to
-resume), the requests whose tokens span two versions or more, vLLM's preemptions, and the cost of one
-update in seconds of the ``keep`` arm's wall time over ``none``'s. The machine is shared and has 2 cores:
-the ratio from one run is the figure to read, not the absolute speeds.
+``--max-tokens`` tokens (``ignore_eos``) at temperature 1: ``none`` (no update), then ``keep`` and
+``keep-kv`` (the same folder reloaded as a new version every ``--every`` seconds while requests run).
+Printed: completion tokens/s of each arm and its ratio to ``none``, the updates and their seconds (pause
+to resume), the requests whose tokens span two versions or more, vLLM's preemptions, and the cost of one
+update in seconds of the arm's wall time over ``none``'s. The machine is shared and has 2 cores: the
+ratios from one run are the figures to read, not the absolute speeds.
 
-First run (2026-12-03, defaults; stopped by hand after 4 minutes of the keep arm): each update took
-under a second from pause to resume, but the engine's own log showed generation falling with every
-update while the same 16 requests stayed in flight: 123 -> 80 -> 54 -> 44 -> 9 -> 5 tokens/s within a
-minute, against 128-150 tokens/s in the ``none`` arm just before. It stayed at 3-6 tokens/s until stopped.
-With ``SAO_VLLM_ARGS=-O0`` (no torch.compile) the same decay (139 -> 10 tokens/s), so it is not a recompile;
-it is per request: when the slowed requests finished, new ones ran at 67 tokens/s and then slowed as updates
-landed on them. Not yet explained; the training driver loads every version this way.
+2026-12-03, defaults: none 40.1 s (153 tokens/s); keep 78.4 s, 0.51x, 8 updates of 0.78 s each from
+pause to resume, 127 preemptions (16 requests x 8 updates), 4.79 s of wall time per update; keep-kv
+43.9 s, 0.91x, 5 updates of 0.54 s, no preemption, 0.75 s per update. Every request spanned 2+ versions
+in both. So an update's cost is its recomputation, which grows with the tokens in flight: an earlier run
+with an update every 4 s fell from ~130 to 5 tokens/s as the 16 requests' contexts grew, until most of
+each 4 s went to computing them again (vLLM counts that neither as prompt nor as generation throughput).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from rich.table import Table
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.engine_metrics import counter_total, metric_totals
 from sao.agents.generate import generate_base_url
+from sao.agents.interrupts import sigterm_as_interrupt
 from sao.agents.model import ensure_model
 from sao.rl.weight_load import load_weights
 
@@ -108,11 +111,11 @@ async def run_arm(name: str, root: str, model: str, prompts: list[list[int]], ar
                     pass
                 version += 1
                 t = time.perf_counter()
-                await load_weights(control, folder, version, mode="keep", timeout_s=300)
+                await load_weights(control, folder, version, mode="keep", timeout_s=300, keep_kv=name == "keep-kv")
                 update_s.append(time.perf_counter() - t)
 
         started = time.perf_counter()
-        updater = asyncio.create_task(updates()) if name == "keep" else None
+        updater = asyncio.create_task(updates()) if name != "none" else None
         try:
             await asyncio.gather(*(one(p) for p in prompts))
         finally:
@@ -126,10 +129,10 @@ async def run_arm(name: str, root: str, model: str, prompts: list[list[int]], ar
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--requests", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=192)
-    p.add_argument("--every", type=float, default=4.0, help="seconds between weight updates in the keep arm")
+    p.add_argument("--every", type=float, default=8.0, help="seconds between weight updates in the keep arms")
     p.add_argument("--out", type=Path, default=Path("runs/interruption"))
     args = p.parse_args()
     console = Console(width=140)
@@ -143,7 +146,7 @@ def main() -> None:
         tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]) for i in range(args.requests)]
     config = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=2048, kv_cache_gib=2,
                               token_route=True, log_path=args.out / "vllm.log")
-    with VLLMServer(config) as server:
+    with sigterm_as_interrupt(), VLLMServer(config) as server:  # a SIGTERM unwinds through the server's exit
         async def both() -> list[Arm]:
             async with EngineClient(server.root_url) as control:
                 folder = await control.served_model_dir() or str(model_dir)
@@ -151,28 +154,32 @@ def main() -> None:
                                     folder, 0)  # warm-up: compile and caches, not reported
             console.print(f"warm-up: {warm.tokens} tokens in {warm.wall_s:.1f} s")
             none, version = await run_arm("none", server.root_url, server.model_name, prompts, args, folder, 0)
-            keep, _ = await run_arm("keep", server.root_url, server.model_name, prompts, args, folder, version)
-            return [none, keep]
+            keep, version = await run_arm("keep", server.root_url, server.model_name, prompts, args, folder, version)
+            kept, _ = await run_arm("keep-kv", server.root_url, server.model_name, prompts, args, folder, version)
+            return [none, keep, kept]
 
-        none, keep = asyncio.run(both())
+        none, keep, kept = asyncio.run(both())
     table = Table(title=f"Weight updates on in-flight requests: {args.requests} requests x {args.max_tokens} "
                         f"tokens, {args.concurrency} in flight, an update every {args.every:g} s in 'keep'")
     for col in ("arm", "wall s", "tok/s", "x none", "updates", "s per update (mean, max)", "requests spanning 2+ versions",
                 "preemptions"):
         table.add_column(col, justify="right")
-    for arm in (none, keep):
+    for arm in (none, keep, kept):
         mean = sum(arm.update_s) / len(arm.update_s) if arm.update_s else 0.0
         table.add_row(arm.name, f"{arm.wall_s:.1f}", f"{arm.tokens_per_s:.1f}",
                       f"{arm.tokens_per_s / none.tokens_per_s:.2f}x", str(arm.updates),
                       f"{mean:.2f}, {max(arm.update_s, default=0):.2f}", f"{arm.spanning}/{args.requests}",
                       str(arm.preemptions))
     console.print(table)
-    cost = (keep.wall_s - none.wall_s) / keep.updates if keep.updates else float("nan")
-    console.print(f"one update cost the run {cost:.2f} s of wall time (keep - none, over {keep.updates} updates); "
-                  f"its own pause-to-resume took {sum(keep.update_s) / max(keep.updates, 1):.2f} s")
+    costs = {}
+    for arm in (keep, kept):
+        costs[arm.name] = (arm.wall_s - none.wall_s) / arm.updates if arm.updates else float("nan")
+        console.print(f"{arm.name}: one update cost the run {costs[arm.name]:.2f} s of wall time ({arm.name} - none, "
+                      f"over {arm.updates} updates); its own pause-to-resume took "
+                      f"{sum(arm.update_s) / max(arm.updates, 1):.2f} s")
     (args.out / "interruption.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "arms": [asdict(a) for a in (none, keep)],
-         "cost_s_per_update": cost}, indent=2) + "\n")
+        {"args": {k: str(v) for k, v in vars(args).items()}, "arms": [asdict(a) for a in (none, keep, kept)],
+         "cost_s_per_update": costs}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

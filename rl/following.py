@@ -86,7 +86,7 @@ class ControlInner(Closeable, Protocol):
 
     async def health(self) -> bool: ...
 
-    async def pause(self, *, mode: PauseMode = "abort") -> None: ...
+    async def pause(self, *, mode: PauseMode = "abort", clear_cache: bool = True) -> None: ...
 
     async def resume(self) -> None: ...
 
@@ -125,8 +125,8 @@ class FollowingControl:
         inner = self._follow.current()
         return inner is not None and await inner.health()
 
-    async def pause(self, *, mode: PauseMode = "abort") -> None:
-        await self._inner().pause(mode=mode)
+    async def pause(self, *, mode: PauseMode = "abort", clear_cache: bool = True) -> None:
+        await self._inner().pause(mode=mode, clear_cache=clear_cache)
 
     async def resume(self) -> None:
         await self._inner().resume()

@@ -100,7 +100,7 @@ class Inner:
     async def health(self) -> bool:
         return True
 
-    async def pause(self, *, mode: str = "abort") -> None:
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         self.log.append(f"pause:{mode}@{self.root_url}")
 
     async def resume(self) -> None:
@@ -306,7 +306,7 @@ class NodeControl:
     def __init__(self, url: str, calls: list[str]):
         self.root_url, self.calls = url, calls
 
-    async def pause(self, *, mode: str = "abort") -> None:
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         pass
 
     async def resume(self) -> None:

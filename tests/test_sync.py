@@ -107,7 +107,7 @@ class _FakeEngine:
         self.fail_reload = fail_reload
         self.version: str | None = "default"
 
-    async def pause(self, *, mode: str = "abort") -> None:
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         self.calls.append(f"pause:{mode}")
 
     async def resume(self) -> None:

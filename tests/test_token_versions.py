@@ -114,8 +114,11 @@ def _preemptions(root_url: str) -> float:
 @pytest.mark.slow
 def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engine(restore_engine):
     """The session's vLLM (served with the token route): the project's client gets whole-number runs from
-    it, and a prompt over the context is a ContextOverflowError as on ``/v1/completions``; a long request across a pause in "keep" mode that relabels 3 -> 4 (the sync's sequence, without the
-    reload) comes back as two runs covering its tokens, and vLLM preempted it to continue (one preemption)."""
+    it, and a prompt over the context is a ContextOverflowError as on ``/v1/completions``; a long request
+    across two pauses in "keep" mode that relabel 3 -> 4 -> 5 (the sync's sequence, without the reload)
+    comes back as three runs covering its tokens. The first pause clears the cache (the default), so
+    vLLM preempted the request to compute its context again; the second keeps its KV blocks (no
+    preemption: ``load_weights(keep_kv=True)``)."""
     import httpx
 
     from sao.agents.engine import EngineClient
@@ -140,22 +143,32 @@ def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engi
                 long = asyncio.create_task(http.post("/generate", json=body))
                 await asyncio.sleep(1.0)  # 400 tokens take several seconds on 2 cores: this lands mid-way
                 assert not long.done()
-                await engine.pause(mode="keep")
+                await engine.pause(mode="keep")  # clear_cache: vLLM preempts it, to compute its context again
                 try:
                     await engine.set_weight_version(4)
                 finally:
                     await engine.resume()
+                await asyncio.sleep(1.0)  # the counter moves with the steps after the resume
+                recomputed = _preemptions(server.root_url) - before
+                assert not long.done()
+                await engine.pause(mode="keep", clear_cache=False)  # keeps its KV blocks: no preemption
+                try:
+                    await engine.set_weight_version(5)
+                finally:
+                    await engine.resume()
                 answer = await long
                 answer.raise_for_status()
-                return short, parse_generate(answer.json()), _preemptions(server.root_url) - before
+                kept = _preemptions(server.root_url) - before - recomputed
+                return short, parse_generate(answer.json()), recomputed, kept
 
-    short, split, preempted = asyncio.run(go())
-    print(f"\nshort: {short.token_versions}; across the update: {split.token_versions}, preemptions +{preempted:.0f}")
+    short, split, recomputed, kept = asyncio.run(go())
+    print(f"\nshort: {short.token_versions}; across the updates: {split.token_versions}, preemptions +{recomputed:.0f} "
+          f"(cleared), +{kept:.0f} (kept)")
     assert short.token_versions == ((3, len(short.token_ids)),) and short.weight_version == "3"
     assert len(split.token_ids) == 400 and split.finish_reason == "length"
-    (v0, n0), (v1, n1) = split.token_versions  # type: ignore[misc]
-    assert (v0, v1) == (3, 4) and n0 > 0 and n1 > 0 and n0 + n1 == 400
-    assert preempted >= 1
+    (v0, n0), (v1, n1), (v2, n2) = split.token_versions  # type: ignore[misc]
+    assert (v0, v1, v2) == (3, 4, 5) and n0 > 0 and n1 > 0 and n2 > 0 and n0 + n1 + n2 == 400
+    assert recomputed == 1 and kept == 0
 
 
 def test_a_batchs_version_metrics_count_token_staleness_splits_and_the_recompute():

@@ -63,7 +63,7 @@ class DyingEngine:
         if self.server.dead:
             raise EngineError(f"{what}: no answer (the engine died)")
 
-    async def pause(self, *, mode: str = "abort") -> None:
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         self._answer("pause")
 
     async def resume(self) -> None:
