@@ -374,7 +374,7 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Any], clients: 
     return OrchestratedRollout(r.mode, config, [replica(*x) for x in zip(engines, clients, controls)], tasks=tasks,
                                run_episode=play, weights_root=RunFiles(run_dir).weights, seed=cfg.seed,
                                reload_timeout_s=e.request_timeout_s, health=health,
-                               on_restart=lambda rid: write_engines(run_dir, engines))
+                               on_restart=lambda rid: write_engines(run_dir, engines), keep_kv=r.keep_kv)
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:

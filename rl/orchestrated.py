@@ -65,11 +65,13 @@ class OrchestratedRollout:
         reload_timeout_s: float | None = 300.0,
         health: HealthConfig = HealthConfig(),
         on_restart: Callable[[int], None] = lambda rid: None,
+        keep_kv: bool = False,
     ):
         self.mode, self.config, self.replicas = mode, config, replicas
         self.tasks, self.run_episode, self.seed = tasks, run_episode, seed
         self.weights_root, self.reload_timeout_s = Path(weights_root), reload_timeout_s
         self.on_trajectory = on_trajectory
+        self.keep_kv = keep_kv  # a load keeps the in-flight requests' KV blocks (sao.rl.weight_load)
         self._prompts = OpenPrompts(tasks)
         self.start_version = 0
         self._driver = DriverLoop(make_scheduler(mode, config, len(replicas), self._prompts), replicas, self._prompts,
@@ -204,4 +206,5 @@ class OrchestratedRollout:
             replica.version = version
 
         await load_weights(replica.control, version_dir(self.weights_root, version).resolve(), version,
-                           mode="keep", timeout_s=self.reload_timeout_s, before_resume=serves)
+                           mode="keep", timeout_s=self.reload_timeout_s, keep_kv=self.keep_kv,
+                           before_resume=serves)

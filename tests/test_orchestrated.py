@@ -38,7 +38,8 @@ def slow_responder(request: dict, prompt: str) -> Reply:
 
 def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeServer], engines: list[FakeEngine],
                        *, staleness: int = 1, max_steps: int = 3, policy: str = "drop", resume: bool = False,
-                       health: HealthConfig = HealthConfig(), restarts: dict[int, Any] | None = None) -> Trainer:
+                       health: HealthConfig = HealthConfig(), restarts: dict[int, Any] | None = None,
+                       keep_kv: bool = False) -> Trainer:
     cfg = config(algo, max_steps=max_steps, keep_checkpoints=1, resume=resume)
     algorithm = make_algorithm(cfg.algo)
     model = tiny_policy()
@@ -58,7 +59,7 @@ def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeSe
     sched = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=4,
                             staleness=staleness, stale_policy=policy)
     source = OrchestratedRollout(mode, sched, replicas, tasks=tasks, run_episode=play,
-                                 weights_root=run_dir / "weights", seed=cfg.seed, health=health)
+                                 weights_root=run_dir / "weights", seed=cfg.seed, health=health, keep_kv=keep_kv)
     return Trainer(cfg, run_dir, learner=learner, algo=algorithm, source=source,
                    weight_sync=WeightPublisher(run_dir / "weights"), pad_id=257)
 
@@ -87,6 +88,15 @@ def test_single_rollout_modes_train_within_the_staleness_bound(mode: str, tmp_pa
     assert all(any(c.startswith("reload:v") for c in e.calls) for e in engines)
     trained = [t for t in lines(tmp_path / "trajectories.jsonl")]
     assert len(trained) >= 12  # 3 steps x 4, plus re-queued and still-running attempts
+
+
+@pytest.mark.parametrize("keep_kv", [False, True])
+def test_each_version_load_clears_the_kv_cache_unless_keep_kv(tmp_path: Path, servers, keep_kv: bool) -> None:  # type: ignore[no-untyped-def]
+    """rollout.keep_kv: whether a load lets the requests in flight keep their KV blocks (sao.rl.weight_load)."""
+    engines = [FakeEngine(), FakeEngine()]
+    trainer = make_async_trainer("async", "sao", tmp_path, servers, engines, max_steps=2, keep_kv=keep_kv)
+    asyncio.run(trainer.run())
+    assert all(len(e.cleared) >= 2 and set(e.cleared) == {not keep_kv} for e in engines)  # start version + updates
 
 
 def test_pipe_trains_grpo_groups_on_policy(tmp_path: Path, servers) -> None:  # type: ignore[no-untyped-def]

@@ -57,10 +57,12 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.cleared: list[bool] = []  # each pause's clear_cache
         self.version: str | None = "default"
 
-    async def pause(self, *, mode: str = "abort") -> None:
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         self.calls.append("pause")
+        self.cleared.append(clear_cache)
 
     async def resume(self) -> None:
         self.calls.append("resume")
