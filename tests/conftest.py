@@ -43,9 +43,10 @@ def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
 
 @pytest.hookimpl(trylast=True)  # after xdist has put the groups into the node ids
 def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
-    from tests.workers import check_grouped
+    from tests.workers import check_grouped, keep_alone_tests_alone
 
     check_grouped(session.config, session.items)
+    keep_alone_tests_alone(session.items)  # the items left after -k and -m
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ from tests.workers import (
     ENGINE_GROUP,
     assign_groups,
     check_grouped,
+    keep_alone_tests_alone,
     machine_lock,
     needs_the_machine,
     worker_cores,
@@ -95,6 +96,27 @@ def test_engine_tests_and_docker_tests_with_an_engine_take_the_machine(tmp_path:
              Item(docker, fixtures=("docker_client",)), Item(plain), Item(plain, fixtures=("smollm2_dir",))]
     assign_groups(items)  # type: ignore[arg-type]
     assert [needs_the_machine(i) for i in items] == [True, True, True, False, False, False]  # type: ignore[arg-type]
+
+
+def test_a_test_that_needs_the_machine_alone_is_skipped_beside_session_engines(tmp_path: Path):
+    plain = tmp_path / "test_b.py"
+    alone, engine, quick = Item(plain, "alone"), Item(plain, fixtures=("vllm_server",)), Item(plain)
+    for i, item in enumerate((alone, engine, quick)):
+        item.nodeid = f"test_b.py::test_{i}"  # type: ignore[attr-defined]
+    keep_alone_tests_alone([alone, quick])  # type: ignore[list-item]
+    assert alone.get_closest_marker("skip") is None  # nothing else holds an engine: it runs
+    keep_alone_tests_alone([alone, engine, quick])  # type: ignore[list-item]
+    skip = alone.get_closest_marker("skip")
+    assert skip is not None and "test_b.py::test_1" in skip.kwargs["reason"]
+    assert engine.get_closest_marker("skip") is None and quick.get_closest_marker("skip") is None
+
+
+def test_the_real_ray_run_is_marked_alone():
+    """The 2-node Ray run (16.3 GiB at its peak) runs after the suite, in scripts/test's second call."""
+    source = (Path(__file__).parent / "test_ray_cluster.py").read_text()
+    assert "pytest.mark.alone" in source and "SAO_RAY_REAL" not in source
+    script = (Path(__file__).parents[1] / "scripts" / "test").read_text()
+    assert "pytest -m alone" in script
 
 
 def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatch):

@@ -78,6 +78,25 @@ def assign_groups(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
 
 
+SESSION_ENGINE = "vllm_server"  # session-scoped: each worker that uses it keeps an engine to the end of the run
+
+
+def keep_alone_tests_alone(items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``alone`` (they need the machine to themselves, e.g. the real 2-node Ray
+    run: 16.3 GiB at its peak) when this run also selects a test that uses the session engine, which
+    each worker keeps to the end (about 4.4 GB each). ``scripts/test`` runs them in a pytest call of
+    their own after the suite; ``pytest -k ray`` alone runs them too."""
+    alone = [i for i in items if i.get_closest_marker("alone")]
+    shared = [i.nodeid for i in items if i.get_closest_marker("alone") is None
+              and SESSION_ENGINE in getattr(i, "fixturenames", ())]
+    if alone and shared:
+        skip = pytest.mark.skip(reason=f"needs the machine to itself, and this run also keeps session engines "
+                                       f"(e.g. {shared[0]}); run it in a pytest call of its own "
+                                       "(scripts/test does, after the suite)")
+        for item in alone:
+            item.add_marker(skip)
+
+
 def check_grouped(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup``, fail the worker's collection if xdist did not put a group into the
     node ids (it renames ``item._nodeid``, which pytest 9 no longer reads): the groups are what keep the
