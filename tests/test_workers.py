@@ -116,7 +116,7 @@ def test_the_real_ray_run_is_marked_alone():
     source = (Path(__file__).parent / "test_ray_cluster.py").read_text()
     assert "pytest.mark.alone" in source and "SAO_RAY_REAL" not in source
     script = (Path(__file__).parents[1] / "scripts" / "test").read_text()
-    assert "pytest -m alone" in script
+    assert 'pytest "$@" -m alone' in script
 
 
 def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatch):
