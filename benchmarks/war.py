@@ -1,12 +1,14 @@
 """WAR: suffix decoding on one replica, and cache-aware routing over two, on real multi-turn agent traces.
 
-    python benchmarks/war.py [--arms suffix,routing] [--traces runs/war/traces.jsonl] [--levels 1,4,16,64]
+    python benchmarks/war.py [--arms suffix,routing] [--trace-env arithmetic|swe-local] [--traces FILE] [--levels 1,4,16,64]
                              [--group G] [--temperature T] [--route-episodes 64] [--route-concurrency 64]
 
-1. Traces. SmolLM2-135M plays arithmetic with the ``python`` tool (and one feedback turn after a
-   wrong answer) on a plain engine; every model call of every episode is one request: its prompt
-   token ids (system prompt, task, earlier turns, tool output) and its per-turn token limit. They are
-   saved to ``--traces`` and read back on a later run.
+1. Traces (:mod:`war_traces`). SmolLM2-135M plays real agent episodes on a plain engine: arithmetic
+   with the ``python`` tool and one feedback turn after a wrong answer (``--trace-env arithmetic``, the
+   default), or the local SWE tasks with ``bash`` in Docker sandboxes (``--trace-env swe-local``). Every
+   model call of every episode is one request: its prompt token ids (system prompt, task, earlier
+   turns, tool output) and its per-turn token limit. They are saved to ``--traces`` and read back on a
+   later run.
 2. Replay. The same requests go to one engine per arm, one engine at a time: ``off`` (plain
    decoding) and ``suffix`` (``--speculative-config {"method": "suffix"}``).
    Each concurrency level gets its own slice of the requests, in the same order in every arm, so no
@@ -39,7 +41,7 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,26 +49,14 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-import sao.envs as E
-from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, run_episode
 from sao.agents.engine import VLLMServer, VLLMServerConfig
 from sao.agents.engine_metrics import EngineMetrics, read_metrics
 from sao.agents.model import ensure_model
 from sao.agents.speculative import SpeculativeConfig, load_aware
-from sao.envs.arithmetic import ArithmeticTasks
+from war_traces import TRACE_ENVS, Request, load, record, save
 
 MODEL = "smollm2-135m"
-PER_TURN = 128  # tokens a model call may generate
 DRAFT_TOKENS = 24  # suffix decoding's most draft tokens a step (vLLM's default for it: max_tree_depth)
-
-
-@dataclass(frozen=True)
-class Request:
-    """One model call of a recorded episode: what the engine was sent."""
-
-    prompt: list[int]
-    max_tokens: int
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -88,31 +78,6 @@ class Level:
 def server_config(model: str, log: Path, speculative: SpeculativeConfig) -> VLLMServerConfig:
     return VLLMServerConfig(model=model, served_model_name=MODEL, max_model_len=4096, kv_cache_gib=2,
                             dtype="float32", log_path=log, speculative=speculative)  # sao-train serves fp32
-
-
-async def record(server: VLLMServer, tokenizer: Any, episodes: int, concurrency: int) -> list[Request]:
-    """Real agent episodes on ``server``; every turn becomes a :class:`Request`."""
-    client = OpenAICompletionClient(server.base_url, MODEL, max_connections=concurrency)
-    cfg = LoopConfig(max_turns=4, max_tokens=3 * PER_TURN, max_tokens_per_turn=PER_TURN, temperature=1.0)
-    gate = asyncio.Semaphore(concurrency)
-    ids = ArithmeticTasks(seed=7, difficulty=0.6).ids(episodes)
-
-    async def one(i: int, task_id: str) -> list[Request]:
-        async with gate:
-            env = E.make("arithmetic", tools="python", feedback_turns=1, difficulty=0.6)
-            renderer = ChatRenderer(tokenizer, tuple(env.unwrapped.tools))
-            try:
-                t = await run_episode(env, client, renderer, cfg, env_name="arithmetic", task_id=task_id, seed=i)
-            finally:
-                await asyncio.to_thread(env.close)
-            return [Request(list(t.token_ids[:turn.prompt_len]), PER_TURN, 1000 * i + k)
-                    for k, turn in enumerate(t.turns)] if t.status == "ok" else []
-
-    try:
-        per_episode = await asyncio.gather(*(one(i, t) for i, t in enumerate(ids)))
-    finally:
-        await client.aclose()
-    return [r for rs in per_episode for r in rs]
 
 
 async def replay(base_url: str, requests: list[Request], concurrency: int, temperature: float) -> int:
@@ -178,7 +143,11 @@ def calibrate(off: list[Level], on: list[Level]) -> int | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--traces", type=Path, default=Path("runs/war/traces.jsonl"))
+    p.add_argument("--trace-env", default="arithmetic", choices=TRACE_ENVS,
+                   help="the episodes to record (war_traces): arithmetic with the python tool, or swe-local with bash "
+                        "in Docker sandboxes")
+    p.add_argument("--traces", type=Path, help="recorded requests, read back when present (default: "
+                   "runs/war/traces.jsonl for arithmetic, runs/war/traces-<env>.jsonl otherwise)")
     p.add_argument("--episodes", type=int, default=160, help="episodes to record when --traces does not exist")
     p.add_argument("--arms", default="suffix,routing",
                    help="what to measure: suffix (one replica, by concurrency), routing (2 replicas, cache-aware "
@@ -200,19 +169,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model = ensure_model(MODEL)
 
+    if args.traces is None:
+        name = "traces.jsonl" if args.trace_env == "arithmetic" else f"traces-{args.trace_env}.jsonl"
+        args.traces = Path("runs/war") / name
     if args.traces.exists():
-        requests = [Request(**json.loads(line)) for line in args.traces.read_text().splitlines()]
+        requests = load(args.traces)
     else:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         with VLLMServer(server_config(model, args.out / "vllm-record.log", SpeculativeConfig())) as server:
             t0 = time.perf_counter()
-            requests = asyncio.run(record(server, tokenizer, args.episodes, 32))
-            console.print(f"recorded {len(requests)} requests from {args.episodes} episodes "
+            requests = asyncio.run(record(server.base_url, MODEL, tokenizer, args.trace_env, args.episodes))
+            console.print(f"recorded {len(requests)} requests from {args.episodes} {args.trace_env} episodes "
                           f"in {time.perf_counter() - t0:.0f} s")
-        args.traces.parent.mkdir(parents=True, exist_ok=True)
-        args.traces.write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
+        save(args.traces, requests)
     turns = [len(r.prompt) for r in requests]
     console.print(f"{len(requests)} requests, prompts {min(turns)}-{max(turns)} tokens "
                   f"(mean {sum(turns) / len(turns):.0f})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 from rich.console import Console
 
 from sao.agents.engine_metrics import EngineMetrics
@@ -50,3 +51,26 @@ def test_suffix_that_never_wins_calibrates_to_no_drafts(monkeypatch, tmp_path):
     out = console.export_text()
     assert report["threshold"] is None and report["schedule"] == [[1, 1, 0]]
     assert "--spec-schedule 1-:0" in out and "lowest 0.90x (not met)" in out
+
+
+def test_traces_round_trip_and_group_back_into_episodes(tmp_path):
+    traces = load("war_traces")
+    routing = load("war_routing")
+    requests = [traces.Request([1, 2, 3 + k], 8, 1000 * i + k) for i in (0, 1, 2) for k in range(3 - i)]
+    traces.save(tmp_path / "t" / "traces.jsonl", requests)
+    back = traces.load(tmp_path / "t" / "traces.jsonl")
+    assert back == requests
+    assert [len(e) for e in routing.episodes_of(back)] == [3, 2, 1]
+    assert [r.seed for r in routing.episodes_of(back)[0]] == [0, 1, 2]
+
+
+def test_each_trace_env_has_its_episode_setup_and_an_unknown_one_is_refused():
+    traces = load("war_traces")
+    kwargs, loop, concurrency = traces.episode_setup("swe-local")
+    assert kwargs == {"max_steps": traces.SWE_TURNS} and loop.max_turns == traces.SWE_TURNS and concurrency <= 8
+    assert loop.max_tokens_per_turn == traces.PER_TURN
+    kwargs, loop, _ = traces.episode_setup("arithmetic")
+    ids = traces.task_ids("arithmetic", kwargs, 12)
+    assert len(set(ids)) == 12 and kwargs["tools"] == "python"
+    with pytest.raises(SystemExit, match="--trace-env takes one of arithmetic, swe-local"):
+        traces.episode_setup("swe-bench")
