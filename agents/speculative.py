@@ -14,8 +14,9 @@ Load-aware switching: ``schedule`` is vLLM 0.32's per-batch-size schedule
 (``num_speculative_tokens_per_batch_size``): each step, the number of requests the engine schedules
 picks the draft length (0: none). Its suffix proposer asserted a fixed draft length, and the engine
 died as soon as a batch crossed a threshold; :mod:`sao.agents.vllm_plugin` (a vLLM general plugin
-this package installs) makes it honour the step's length. :func:`load_aware` builds a schedule from a
-calibration (benchmarks/war.py: the largest concurrency up to which suffix decoding never lost).
+this package installs) makes it honour the step's length. :func:`load_aware` builds the engine's
+setting from a calibration (benchmarks/war.py: the largest concurrency up to which suffix decoding never
+lost): a schedule, or plain decoding when it never won.
 """
 
 from __future__ import annotations
@@ -117,10 +118,25 @@ def parse_schedule(text: str) -> tuple[tuple[int, int, int], ...]:
     return check_schedule(out)
 
 
-def load_aware(wins_up_to: int | None, num_tokens: int) -> tuple[tuple[int, int, int], ...]:
-    """The schedule a calibration gives: ``num_tokens`` drafts while at most ``wins_up_to`` requests run
-    (the largest measured concurrency at which speculation never lost to plain decoding), none above.
-    ``None`` (it lost everywhere): no drafts at any load."""
+def load_aware(wins_up_to: int | None, num_tokens: int) -> SpeculativeConfig:
+    """The engine a calibration gives: suffix decoding with ``num_tokens`` drafts while at most
+    ``wins_up_to`` requests run (the largest measured concurrency at which speculation never lost to plain
+    decoding), none above. ``None`` (it lost at every measured load): plain decoding, no speculative method
+    at all. A suffix engine told to draft nothing is not plain: vLLM 0.32 turns async scheduling off for
+    suffix decoding and the proposer still updates its trees every step, and it ran at 0.73x to 0.85x of
+    plain (benchmarks/war.py, temperature 1, 2026-12-04)."""
     if wins_up_to is None or wins_up_to < 1:
-        return ((1, 1, 0),)
-    return ((1, wins_up_to, num_tokens), (wins_up_to + 1, wins_up_to + 1, 0))
+        return SpeculativeConfig()
+    return SpeculativeConfig("suffix", schedule=((1, wins_up_to, num_tokens), (wins_up_to + 1, wins_up_to + 1, 0)))
+
+
+def schedule_flag(config: SpeculativeConfig) -> str:
+    """How ``sao-eval`` takes ``config``: ``--speculative none``, or ``--speculative suffix`` with its
+    ``--spec-schedule FIRST-LAST:TOKENS,...`` (the last range open)."""
+    if not config.enabled:
+        return "--speculative none"
+    if not config.schedule:
+        return f"--speculative {config.method}"
+    *head, (last_first, _, last_k) = config.schedule
+    ranges = [*(f"{a}-{b}:{k}" for a, b, k in head), f"{last_first}-:{last_k}"]
+    return f"--speculative {config.method} --spec-schedule {','.join(ranges)}"

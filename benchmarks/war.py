@@ -26,11 +26,12 @@
 
 Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level;
 cache-aware >= 1.2x round-robin at high load.
-The third arm, ``load_aware``, is a suffix engine with the schedule that calibration gives
-(``sao.agents.speculative.load_aware``: drafts while at most the threshold's requests run, none above;
-none at all when suffix never won), vLLM 0.32's per-batch-size schedule that ``sao.agents.vllm_plugin``
-makes the suffix proposer honour. It replays the same requests; its ratio to ``off`` at every level is
-the load-aware target. The schedule is printed as ``--spec-schedule`` / ``engine.spec_schedule`` take it.
+The third arm, ``load_aware``, is the engine that calibration gives (``sao.agents.speculative.load_aware``):
+a suffix engine drafting while at most the threshold's requests run and none above, vLLM 0.32's
+per-batch-size schedule that ``sao.agents.vllm_plugin`` makes the suffix proposer honour; or, when suffix
+never won, a plain engine (a suffix engine drafting nothing ran at 0.73x to 0.85x of plain). It replays the
+same requests; its ratio to ``off`` at every level is the load-aware target. The setting is printed as
+``sao-eval`` takes it (``--speculative``, ``--spec-schedule``; ``engine.spec_schedule`` for sao-train).
 The machine is shared and has 2 cores: absolute numbers are noisy, the ratios within one run less so.
 """
 
@@ -52,7 +53,7 @@ from rich.table import Table
 from sao.agents.engine import VLLMServer, VLLMServerConfig
 from sao.agents.engine_metrics import EngineMetrics, read_metrics
 from sao.agents.model import ensure_model
-from sao.agents.speculative import SpeculativeConfig, load_aware
+from sao.agents.speculative import SpeculativeConfig, load_aware, schedule_flag
 from war_traces import TRACE_ENVS, Request, load, record, save
 
 MODEL = "smollm2-135m"
@@ -205,10 +206,9 @@ def suffix_arms(args: argparse.Namespace, model: str, requests: list[Request], c
 
     results = {"off": arm("off", SpeculativeConfig()), "suffix": arm("suffix", SpeculativeConfig("suffix"))}
     threshold = calibrate(results["off"], results["suffix"])
-    schedule = load_aware(threshold, DRAFT_TOKENS)
-    written = ",".join([*(f"{a}-{b}:{k}" for a, b, k in schedule[:-1]), f"{schedule[-1][0]}-:{schedule[-1][2]}"])
-    console.print(f"load-aware schedule from this calibration: --spec-schedule {written}")
-    results["load_aware"] = arm("load_aware", SpeculativeConfig("suffix", schedule=schedule))
+    policy = load_aware(threshold, DRAFT_TOKENS)
+    console.print(f"load-aware engine from this calibration: {schedule_flag(policy)}")
+    results["load_aware"] = arm("load_aware", policy)
 
     table = Table(title=f"WAR: suffix decoding on one replica, {len(requests)} recorded agent requests "
                         f"(arithmetic + python tool), temperature {args.temperature:g}, group {args.group}")
@@ -236,7 +236,8 @@ def suffix_arms(args: argparse.Namespace, model: str, requests: list[Request], c
     worst = min(row["load_aware_ratio"] for row in rows)
     console.print(f"target load-aware >= 0.95x at every level: lowest {worst:.2f}x "
                   f"({'met' if worst >= 0.95 else 'not met'})")
-    return {"levels": rows, "threshold": threshold, "schedule": [list(r) for r in schedule]}
+    return {"levels": rows, "threshold": threshold, "load_aware": policy.method,
+            "schedule": [list(r) for r in policy.schedule]}
 
 
 def routing_arms(args: argparse.Namespace, model: str, requests: list[Request], console: Console) -> dict[str, Any]:

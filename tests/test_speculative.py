@@ -96,11 +96,15 @@ def test_eval_config_refuses_speculation_it_cannot_start(tmp_path):
 
 
 def test_a_load_aware_schedule_is_vllms_per_batch_size_schedule():
-    from sao.agents.speculative import load_aware, parse_schedule
+    from sao.agents.speculative import load_aware, parse_schedule, schedule_flag
 
-    schedule = load_aware(4, 24)
-    assert schedule == ((1, 4, 24), (5, 5, 0)) == parse_schedule("1-4:24,5-:0")
-    assert load_aware(None, 24) == ((1, 1, 0),)  # speculation lost at every measured load: never draft
+    policy = load_aware(4, 24)
+    schedule = policy.schedule
+    assert policy.method == "suffix" and schedule == ((1, 4, 24), (5, 5, 0)) == parse_schedule("1-4:24,5-:0")
+    assert schedule_flag(policy) == "--speculative suffix --spec-schedule 1-4:24,5-:0"
+    # speculation lost at every measured load: plain decoding, not a suffix engine that drafts nothing
+    assert load_aware(None, 24) == SpeculativeConfig() and schedule_flag(load_aware(None, 24)) == "--speculative none"
+    assert schedule_flag(SpeculativeConfig("suffix")) == "--speculative suffix"
     cmd = VLLMServerConfig(model="m", speculative=SpeculativeConfig("suffix", schedule=schedule)).command(1)
     assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens_per_batch_size"] == [
         [1, 4, 24], [5, 5, 0]]

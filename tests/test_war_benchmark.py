@@ -34,13 +34,16 @@ def test_the_load_aware_arm_runs_the_calibrated_schedule_and_reports_its_worst_r
     assert report["threshold"] == 4 and report["schedule"] == [[1, 4, 24], [5, 5, 0]]
     assert seen["off"].method == "none" and seen["suffix"].schedule == ()
     assert seen["load_aware"].method == "suffix" and seen["load_aware"].schedule == ((1, 4, 24), (5, 5, 0))
-    assert "--spec-schedule 1-4:24,5-:0" in out
+    assert "load-aware engine from this calibration: --speculative suffix --spec-schedule 1-4:24,5-:0" in out
     assert "lowest 0.98x (met)" in out and "2.00x (met)" in out
     assert [round(r["load_aware_ratio"], 2) for r in report["levels"]] == [1.9, 1.07, 0.98]
 
 
-def test_suffix_that_never_wins_calibrates_to_no_drafts(monkeypatch, tmp_path):
+def test_suffix_that_never_wins_calibrates_to_plain_decoding(monkeypatch, tmp_path):
+    seen = {}
+
     def run_arm(arm, model, log_dir, speculative, warm, per_level, temperature, console):  # type: ignore[no-untyped-def]
+        seen[arm] = speculative
         speed = {"off": 10.0, "suffix": 8.0, "load_aware": 9.0}[arm]
         return [war.Level(arm, c, len(r), int(speed * 10), 10.0, EngineMetrics()) for c, r in per_level.items()]
 
@@ -49,8 +52,10 @@ def test_suffix_that_never_wins_calibrates_to_no_drafts(monkeypatch, tmp_path):
     console = Console(record=True, width=200)
     report = war.suffix_arms(args, "model", [war.Request([1], 8, i) for i in range(40)], console)
     out = console.export_text()
-    assert report["threshold"] is None and report["schedule"] == [[1, 1, 0]]
-    assert "--spec-schedule 1-:0" in out and "lowest 0.90x (not met)" in out
+    assert report["threshold"] is None and report["schedule"] == [] and report["load_aware"] == "none"
+    assert seen["load_aware"] == war.SpeculativeConfig()  # a plain engine: no speculative method at all
+    assert "load-aware engine from this calibration: --speculative none" in out
+    assert "lowest 0.90x (not met)" in out  # the verdict is the measured ratio, whatever the policy
 
 
 def test_traces_round_trip_and_group_back_into_episodes(tmp_path):
