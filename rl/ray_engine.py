@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,10 @@ from sao.agents.engine import VLLMServer, VLLMServerConfig
 from sao.rl.weight_staging import FolderFiles, prune, write_folder
 
 log = logging.getLogger(__name__)
+
+# The environment variable that marks an engine server's processes with its replica folder, so that
+# what an earlier actor left running on the node can be found (remove_earlier_incarnations).
+FOLDER_TAG = "SAO_ENGINE_FOLDER"
 
 
 class HostedServer(Protocol):
@@ -62,7 +67,8 @@ class VLLMLaunch:
     config: VLLMServerConfig
 
     def __call__(self, model_dir: str, host: str, log_path: Path) -> VLLMServer:
-        return VLLMServer(replace(self.config, model=model_dir, host=host, port=0, log_path=log_path)).start()
+        env = {**self.config.env, FOLDER_TAG: str(log_path.parent)}  # every process of the server carries it
+        return VLLMServer(replace(self.config, model=model_dir, host=host, port=0, log_path=log_path, env=env)).start()
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class EngineHost:
         import ray
 
         self.folder.mkdir(parents=True, exist_ok=True)
+        remove_earlier_incarnations(self.folder)
         model_dir = model if isinstance(model, str) else str(write_folder(model, self.folder))
         ip = ray.util.get_node_ip_address()
         log_path = self.folder / "vllm.log"
@@ -119,6 +126,44 @@ class EngineHost:
         finally:
             self.server = None
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def remove_earlier_incarnations(folder: Path) -> list[Path]:
+    """Stop what earlier actors of the same replica left on this node and delete their folders
+    (``replica-<i>-*`` beside ``folder``, which is kept); return the folders.
+
+    A replica restarted on the node it ran on (a failed weight load, an engine death, Ray's memory
+    monitor) leaves its model copy and weights behind, about 0.6 GB each for SmolLM2 in fp32. When its
+    actor was killed (``ray.kill`` is a SIGKILL), the server got SIGTERM but vLLM's engine core and
+    workers could outlive it: three such engines (about 3 GB each) were still running 15 minutes later
+    (2026-12-04), and the next run on the machine was killed for memory. Their processes carry the
+    folder in :data:`FOLDER_TAG`. The driver ends the old actor before it starts a new one, so nothing
+    live works in those folders."""
+    index = folder.name.rsplit("-", 1)[0]  # "replica-<i>"
+    removed = [p for p in folder.parent.glob(f"{index}-*") if p.is_dir() and p != folder]
+    for path in removed:
+        killed = kill_tagged(str(path))
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, left by an earlier actor of this replica%s", path,
+                 f" (and killed its {len(killed)} engine processes)" if killed else "")
+    return removed
+
+
+def kill_tagged(folder: str) -> list[int]:
+    """SIGKILL every process of this user whose environment has ``FOLDER_TAG=folder``; return their pids."""
+    mark = f"{FOLDER_TAG}={folder}".encode() + b"\0"
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes() + b"\0":
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except (OSError, ValueError):  # gone meanwhile, or another user's
+            continue
+    return killed
 
 
 class FakeHostedServer:

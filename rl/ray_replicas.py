@@ -9,7 +9,7 @@ what the rollout driver's :class:`~sao.rl.replica_health.Replica` needs:
   another node: the driver's client and control follow it (:mod:`sao.rl.following`).
 - ``alive()``: the actor's liveness as a background pinger last saw it (every ``cluster.ping_s``): an
   actor that died, or whose node died, or whose server exited, is False at once, without a request.
-- ``restart()``: the old actor is killed and a new one started in the same bundle. When a node dies,
+- ``restart()``: the old actor is stopped (or killed) and a new one started in the same bundle. When a node dies,
   Ray's control store moves the placement group's bundles that lived there to nodes that have the
   resources; the new actor starts there (it waits up to ``cluster.placement_timeout_s`` for one).
   The driver then syncs it to the newest version (``ReplicaRestarted``), as for a local replica.
@@ -108,20 +108,23 @@ class RayEngine:
                  address.node_id[:12])
 
     def restart(self) -> None:
-        """A new actor for this replica (module doc); blocks until it serves. Run off the event loop."""
-        self._kill()
+        """A new actor for this replica (module doc); blocks until it serves. Run off the event loop.
+
+        The old actor is asked to stop its server first (its whole process group), then killed: a kill
+        alone could leave vLLM's engine core running when the actor still lived (a failed weight load)."""
+        self.stop(timeout_s=20)
         self.restarts += 1
         self.finish(self.begin(), self.fleet.start_timeout_s)
 
-    def stop(self) -> None:
-        """Stop the server (its whole process tree) and the actor."""
+    def stop(self, timeout_s: float = 60) -> None:
+        """Stop the server (its whole process tree) and the actor; a dead or silent actor is killed."""
         import ray
 
         actor = self._actor
         if actor is None:
             return
         with contextlib.suppress(Exception):
-            ray.get(actor.stop.remote(), timeout=60)
+            ray.get(actor.stop.remote(), timeout=timeout_s)
         self._kill()
 
     def _kill(self) -> None:

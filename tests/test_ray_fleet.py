@@ -175,6 +175,32 @@ def test_weight_folders_round_trip_and_old_versions_are_pruned(tmp_path: Path) -
     assert sorted(p.name for p in node.iterdir()) == ["v000002", "v000003"]
 
 
+def test_a_restarted_replica_removes_what_its_dead_predecessors_left_on_the_node(tmp_path: Path) -> None:
+    import os
+
+    from sao.rl.ray_engine import FOLDER_TAG, EngineHost, remove_earlier_incarnations
+
+    run = tmp_path / "nodes" / "run-1"
+    for name in ("replica-0-aaaa1111", "replica-0-bbbb2222", "replica-1-cccc3333", "replica-10-dddd4444"):
+        (run / name / "engine_model").mkdir(parents=True)
+    # an engine process an earlier actor left running (tagged with its folder), and replica 1's (kept)
+    left = subprocess.Popen(["sleep", "300"], env={**os.environ, FOLDER_TAG: str(run / "replica-0-aaaa1111")})
+    other = subprocess.Popen(["sleep", "300"], env={**os.environ, FOLDER_TAG: str(run / "replica-1-cccc3333")})
+    try:
+        host = EngineHost(0, "run-1", str(tmp_path / "nodes"))
+        host.folder.mkdir(parents=True)
+        removed = remove_earlier_incarnations(host.folder)
+        assert left.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait()
+    assert sorted(p.name for p in removed) == ["replica-0-aaaa1111", "replica-0-bbbb2222"]
+    # its own folder and the other replicas' (replica 10 is not replica 1's earlier self) stay
+    assert sorted(p.name for p in run.iterdir()) == sorted([host.folder.name, "replica-1-cccc3333", "replica-10-dddd4444"])
+    assert remove_earlier_incarnations(run / "replica-1-cccc3333") == []
+
+
 # --------------------------------------------------------------------------- on a local 2-node Ray cluster
 
 
