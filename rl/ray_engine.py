@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 
 from sao.agents.engine import VLLMServer, VLLMServerConfig
 from sao.rl.weight_staging import FolderFiles, prune, write_folder
+from sao.sandboxes.tagged import kill_tagged
 
 log = logging.getLogger(__name__)
 
@@ -141,29 +141,13 @@ def remove_earlier_incarnations(folder: Path) -> list[Path]:
     live works in those folders."""
     index = folder.name.rsplit("-", 1)[0]  # "replica-<i>"
     removed = [p for p in folder.parent.glob(f"{index}-*") if p.is_dir() and p != folder]
+    killed = kill_tagged(FOLDER_TAG, [str(p) for p in removed]) if removed else 0
     for path in removed:
-        killed = kill_tagged(str(path))
         shutil.rmtree(path, ignore_errors=True)
-        log.info("removed %s, left by an earlier actor of this replica%s", path,
-                 f" (and killed its {len(killed)} engine processes)" if killed else "")
+        log.info("removed %s, left by an earlier actor of this replica", path)
+    if killed:
+        log.info("killed %d engine processes that earlier actors of this replica left running", killed)
     return removed
-
-
-def kill_tagged(folder: str) -> list[int]:
-    """SIGKILL every process of this user whose environment has ``FOLDER_TAG=folder``; return their pids."""
-    mark = f"{FOLDER_TAG}={folder}".encode() + b"\0"
-    killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if mark not in (entry / "environ").read_bytes() + b"\0":
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed.append(int(entry.name))
-        except (OSError, ValueError):  # gone meanwhile, or another user's
-            continue
-    return killed
 
 
 class FakeHostedServer:

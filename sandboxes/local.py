@@ -45,6 +45,7 @@ from pathlib import Path
 
 from .base import TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer, SandboxLimits, timeout_marker
 from .errors import SandboxClosedError, SandboxError, SandboxPathError, SandboxStartError
+from .tagged import kill_tagged
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class LocalSandbox:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        _kill_tagged(run_id)
+        kill_tagged(_TAG_VAR, [run_id])
 
     @staticmethod
     def _drain(fd: int, buffer: OutputBuffer, grace_s: float = 1.0) -> None:
@@ -272,28 +273,6 @@ def _user_process_count() -> int:
     except OSError:
         return 0
     return count
-
-
-def _kill_tagged(run_id: str) -> None:
-    """SIGKILL every process (of ours) whose environment holds SAO_RUN_ID=run_id, until none is left."""
-    needle = f"{_TAG_VAR}={run_id}".encode()
-    for _ in range(50):
-        found = False
-        try:
-            entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-        except OSError:
-            return  # no /proc (not Linux): the process group kill is all we have
-        for pid in entries:
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle not in f.read().split(b"\0"):
-                        continue
-                os.kill(int(pid), signal.SIGKILL)
-                found = True
-            except (OSError, ValueError):
-                continue
-        if not found:
-            return
 
 
 _warned = threading.Event()
