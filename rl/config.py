@@ -500,10 +500,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("eval.every must be >= 0, eval.problems and eval.concurrency >= 1")
     if cfg.rollout.mode != "sync":
         scheduler_config(cfg)
-        if cfg.schedule.kind != "none" and cfg.schedule.eval_every > 0:  # refused here, not at the first probe
-            raise ConfigError(f"schedule.eval_every={cfg.schedule.eval_every}: forgetting probes run with rollout=sync "
-                              f"only (rollout={cfg.rollout.mode}'s replicas may hold different versions); set "
-                              "schedule.eval_every=0 or rollout=sync")
     if cfg.model.activation_checkpointing not in ("auto", True, False):
         raise ConfigError(f"model.activation_checkpointing must be auto, true or false, "
                           f"got {cfg.model.activation_checkpointing!r}")

@@ -140,6 +140,28 @@ class OrchestratedRollout:
         return RolloutBatch(ok, tuple(t for t in done if failure(t) is not None), tuple(refs),
                             rollout_metrics(done, ok, time.monotonic() - t0))
 
+    async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]:
+        """One episode per prompt outside the schedule, recorded with ``rollout.probe = True`` and never
+        trained on (forgetting probes), on the live replica that serves the newest version. The learner's
+        newest version may not be loaded anywhere yet (the scheduler decides when each replica loads
+        it): each probe's ``policy_version`` is the oldest version its turns ran on."""
+        await self._load_start_version()
+        dead = self._driver.health.dead
+        live = [k for k in range(len(self.replicas)) if k not in dead]
+        if not live:
+            raise RuntimeError("no live replica to run the forgetting probes on")
+        k = max(live, key=lambda i: self.replicas[i].version)
+        replica = self.replicas[k]
+
+        async def one(ref: PromptRef) -> Trajectory:
+            start = replica.version
+            t = await self.run_episode(VersionedClient(replica), ref, 0, episode_seed(self.seed, ref.index, 0))
+            t = replace(t, rollout=RolloutMeta(ref.index, min(turn_versions(t, start)), replica=k, probe=True))
+            self.on_trajectory(t)
+            return t
+
+        return list(await asyncio.gather(*(one(ref) for ref in prompts)))
+
     def on_weights(self, version: int) -> None:
         """The learner published ``version`` (its checkpoint is on disk): tell the scheduler. The
         first call sets the version the schedule starts at (k when the run resumed at step k)."""

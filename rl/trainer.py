@@ -358,9 +358,11 @@ class Trainer:
         from sao.rl.schedule import family_metrics, family_rewards
 
         if not isinstance(self.source, ProbingSource):
-            raise TrainError(f"{type(self.source).__name__} cannot run forgetting probes (rollout=sync can)")
+            raise TrainError(f"{type(self.source).__name__} cannot run forgetting probes (it has no evaluate)")
         trajectories = await self.source.evaluate(self.tasks.probes())
-        return family_metrics(family_rewards(step, trajectories, probe=True))
+        lag = {"probe/version_lag": float(step - min(rollout_meta(t).policy_version for t in trajectories))
+               } if trajectories else {}  # a scheduled mode's replicas may not serve the newest version yet
+        return family_metrics(family_rewards(step, trajectories, probe=True)) | lag
 
     def _collate(self, rollout: Any, step: int) -> Any:
         self._check(rollout, step)

@@ -764,8 +764,6 @@ TABLE: list[BadInput] = [
              Raises(ConfigError, r"batch_size \(6\) must be a positive multiple of algo\.group_size \(4\)")),
     BadInput("train-override-negative-steps", train_config("max_steps=-1"),
              Raises(ConfigError, r"max_steps must be >= 1, got -1")),
-    BadInput("train-forgetting-probes-off-sync", train_config("rollout=async", "schedule=phases", "schedule.eval_every=2"),
-             Raises(ConfigError, r"schedule\.eval_every=2: forgetting probes run with rollout=sync only")),
     # bad image maps for sao-eval --image-map
     BadInput("image-map-missing-file", image_map(None),
              Exits(r"images\.json: cannot read the image map \(FileNotFoundError")),

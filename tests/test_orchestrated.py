@@ -23,6 +23,7 @@ from sao.rl.build import learner_config
 from sao.rl.learner import Learner
 from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.rollout import SchedulerConfig
+from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.sync import WeightPublisher
 from sao.rl.tasks import TaskStream
 from sao.rl.trainer import Trainer
@@ -39,12 +40,14 @@ def slow_responder(request: dict, prompt: str) -> Reply:
 def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeServer], engines: list[FakeEngine],
                        *, staleness: int = 1, max_steps: int = 3, policy: str = "drop", resume: bool = False,
                        health: HealthConfig = HealthConfig(), restarts: dict[int, Any] | None = None,
-                       keep_kv: bool = False) -> Trainer:
-    cfg = config(algo, max_steps=max_steps, keep_checkpoints=1, resume=resume)
+                       keep_kv: bool = False, schedule: Any = None) -> Trainer:
+    cfg = config(algo, max_steps=max_steps, keep_checkpoints=1, resume=resume,
+                 **({"schedule": schedule} if schedule is not None else {}))
     algorithm = make_algorithm(cfg.algo)
     model = tiny_policy()
     learner = Learner(model, learner_config(cfg), value_model=ValueModel.from_policy(model) if algorithm.uses_critic else None)
-    tasks = TaskStream("arithmetic", cfg.env.kwargs, cfg.seed)
+    tasks: Any = (TaskStream("arithmetic", cfg.env.kwargs, cfg.seed) if schedule is None
+                  else ScheduledTaskStream("arithmetic", cfg.env.kwargs, cfg.seed, schedule))
     retry = RetryPolicy(max_retries=0, backoff_s=0.01, max_backoff_s=0.01)
     replicas = [Replica(OpenAICompletionClient(s.base_url, "fake", timeout_s=10, retry=retry), e,
                         alive=lambda s=s: not s.dead, restart=(restarts or {}).get(i))
@@ -61,7 +64,8 @@ def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeSe
     source = OrchestratedRollout(mode, sched, replicas, tasks=tasks, run_episode=play,
                                  weights_root=run_dir / "weights", seed=cfg.seed, health=health, keep_kv=keep_kv)
     return Trainer(cfg, run_dir, learner=learner, algo=algorithm, source=source,
-                   weight_sync=WeightPublisher(run_dir / "weights"), pad_id=257)
+                   weight_sync=WeightPublisher(run_dir / "weights"), pad_id=257,
+                   tasks=tasks if schedule is not None else None)
 
 
 @pytest.fixture
@@ -107,6 +111,28 @@ def test_pipe_trains_grpo_groups_on_policy(tmp_path: Path, servers) -> None:  # 
     assert all(r["rollout/batch_staleness_max"] == 0 and r["rollout/lost"] == 0 for r in rows)
     # CGP: each complete group reached the learner as its own part (4 trajectories = 2 groups of 2)
     assert all(r["policy/parts"] == 2 for r in rows)
+
+
+def test_forgetting_probes_run_in_a_scheduled_mode_and_are_never_trained(tmp_path: Path, servers) -> None:  # type: ignore[no-untyped-def]
+    """An online schedule's probes (every family seen, each step) beside async training over two replicas:
+    recorded as probes, on a replica's newest version, never in a trained batch."""
+    from sao.rl.config import ScheduleConfig
+
+    schedule = ScheduleConfig(kind="phases", eval_every=1, eval_prompts=2,
+                              phases=[{"families": ["add"], "steps": 1}, {"families": ["mul"]}])
+    trainer = make_async_trainer("async", "sao", tmp_path, servers, [FakeEngine(), FakeEngine()], max_steps=3,
+                                 staleness=1, schedule=schedule)
+    asyncio.run(trainer.run())
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "probe/family/add" in rows[0] and "probe/family/mul" not in rows[0]  # only add seen at step 1
+    assert all("probe/family/add" in r and "probe/family/mul" in r for r in rows[1:])
+    assert all(0 <= r["probe/version_lag"] <= 1 for r in rows)  # a replica may still serve the version before
+    probes = [t for t in lines(tmp_path / "trajectories.jsonl") if t["rollout"]["probe"]]
+    assert len(probes) == 2 + 4 + 4  # 2 prompts x families seen, at steps 1, 2, 3
+    assert all(t["rollout"]["replica"] in (0, 1) for t in probes)
+    trained = {e["prompt_index"] for e in trained_episodes(tmp_path)}
+    assert len(trained) >= 4 and not trained & {t["rollout"]["prompt_index"] for t in probes}
 
 
 def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:

@@ -239,7 +239,9 @@ def test_async_sao_survives_a_killed_replica_and_resumes(restore_engine, smollm2
     run_dir = tmp_path / "run"
     common = [f"output_dir={run_dir}", "rollout=async", "rollout.staleness=1", "rollout.concurrency=4",
               "batch_size=4", "value_pretrain_steps=1", "env.max_tokens=32", "engine.kv_cache_gib=1",
-              "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger.tensorboard=false"]
+              "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger.tensorboard=false",
+              # an online schedule's forgetting probes each step, beside the scheduled episodes (never trained on)
+              "schedule=phases", "schedule.eval_every=1", "schedule.eval_prompts=2"]
     try:
         steps = 8  # long enough for the killed replica to come back (a start without torch.compile: under a minute)
         proc = subprocess.Popen([SAO_TRAIN, f"max_steps={steps}", "rollout.replicas=2", *common, NO_COMPILE],
@@ -287,6 +289,11 @@ def test_async_sao_survives_a_killed_replica_and_resumes(restore_engine, smollm2
         episodes = [e for row in jsonl(run_dir / "batches.jsonl") for e in row["episodes"]]
         assert len(episodes) == (steps + 2) * 4
         assert len({e["prompt_index"] for e in episodes}) == len(episodes)  # none trained twice
+        # the probes ran on a live replica within the staleness bound, were recorded, and never trained on
+        assert all(0 <= r["probe/version_lag"] <= 1 for r in rows) and any("probe/family/add" in r for r in rows)
+        probes = [t for t in jsonl(run_dir / "trajectories.jsonl") if t["rollout"]["probe"]]
+        assert len(probes) == 2 * len(rows)  # 2 prompts of the one family seen (add), each step
+        assert not {t["rollout"]["prompt_index"] for t in probes} & {e["prompt_index"] for e in episodes}
     finally:
         if proc.poll() is None:
             proc.kill()
