@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from sao.agents import RolloutMeta, Trajectory
+from sao.rl.failure_streak import FailureStreak
 from sao.rl.open_prompts import OpenPrompts
 from sao.rl.replica_health import HealthConfig, Replica, ReplicaWatcher
 from sao.rl.rollout import (
@@ -54,10 +55,11 @@ class DriverLoop:
     def __init__(self, scheduler: Scheduler, replicas: list[Replica], prompts: OpenPrompts, *,
                  run_episode: RunEpisode, load: LoadVersion, seed: int,
                  on_trajectory: Callable[[Trajectory], None], health: HealthConfig,
-                 on_restart: Callable[[int], None]):
+                 on_restart: Callable[[int], None], failing_after: int = 1 << 30):
         self.scheduler, self.replicas, self.prompts = scheduler, replicas, prompts
         self.run_episode, self.load, self.seed, self.on_trajectory = run_episode, load, seed, on_trajectory
         self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.streak = FailureStreak(failing_after)  # that many failed attempts in a row stop the loop
         self.batches: asyncio.Queue[tuple[RolloutBatch, bool]] = asyncio.Queue()
         self.health = ReplicaWatcher(replicas, health, report=self.events.put_nowait, orphan=self._orphan,
                                      spawn=self.spawn, on_restart=on_restart)
@@ -169,6 +171,7 @@ class DriverLoop:
         del self._running[start.traj_id]
         if trajectory is None:
             self.events.put_nowait(TrajectoryFinished(start.traj_id, (start.version,), 0, True, cause))
+            self._count(cause)
             return
         versions = turn_versions(trajectory, start.version)
         trajectory = replace(trajectory, rollout=RolloutMeta(ref.index, min(versions), replica=start.replica,
@@ -180,6 +183,13 @@ class DriverLoop:
             self.lengths.on_generated(trajectory.num_action_tokens)
         self.events.put_nowait(TrajectoryFinished(start.traj_id, versions, trajectory.num_action_tokens,
                                                   cause is not None, cause or ""))
+        self._count(cause)
+
+    def _count(self, cause: str | None) -> None:
+        """An attempt ended on a live replica: the loop stops once too many in a row failed (FailureStreak)."""
+        error = self.streak.ended(cause)
+        if error is not None:
+            self.events.put_nowait(error)
 
     async def _sync(self, action: SyncReplica) -> None:
         rid, replica = action.replica, self.replicas[action.replica]

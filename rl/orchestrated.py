@@ -77,7 +77,9 @@ class OrchestratedRollout:
         self._driver = DriverLoop(make_scheduler(mode, config, len(replicas), self._prompts), replicas, self._prompts,
                                   run_episode=run_episode, load=self._load, seed=seed,
                                   on_trajectory=lambda t: self.on_trajectory(t),  # the trainer may set it later
-                                  health=health, on_restart=on_restart)
+                                  health=health, on_restart=on_restart,
+                                  # a batch's worth of requests, each failed as often as it may, and none ok
+                                  failing_after=config.batch_size * config.max_failures)
         self._loop_task: asyncio.Task[None] | None = None
         self._loaded: asyncio.Task[None] | None = None
         self._error: BaseException | None = None

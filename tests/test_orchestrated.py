@@ -135,6 +135,25 @@ def test_forgetting_probes_run_in_a_scheduled_mode_and_are_never_trained(tmp_pat
     assert len(trained) >= 4 and not trained & {t["rollout"]["prompt_index"] for t in probes}
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_an_engine_that_fails_every_request_stops_the_run_with_the_cause(mode: str, tmp_path: Path) -> None:
+    """The replicas live (their /health answers) but every completion is an error: the scheduler would
+    re-queue and replace the prompts forever; the run stops once a batch's worth of requests, each failed
+    max_failures (3) times, failed in a row, naming the cause, and every attempt is recorded. (No critic:
+    its pretraining batch would stop the run first, with the trainer's own all-failed error.)"""
+    def broken(request: dict, prompt: str) -> Reply:
+        return Reply(status=500, error="engine on fire")
+
+    with FakeServer(responder=broken) as a, FakeServer(responder=broken) as b:
+        trainer = make_async_trainer(mode, "reinforce_mean" if mode == "async" else "grpo", tmp_path, [a, b],
+                                     [FakeEngine(), FakeEngine()], max_steps=2)
+        with pytest.raises(RuntimeError, match=r"the last 12 attempts all failed .*engine on fire"):
+            asyncio.run(asyncio.wait_for(trainer.run(), 120))
+    recorded = lines(tmp_path / "trajectories.jsonl")
+    assert len(recorded) >= 12 and all(t["status"] == "failed" and "engine on fire" in t["error"] for t in recorded)
+    assert not (tmp_path / "metrics.jsonl").exists() or not lines(tmp_path / "metrics.jsonl")  # no step was taken
+
+
 def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:
     calls = {"n": 0}
 
