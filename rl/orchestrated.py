@@ -17,7 +17,9 @@ and calling :meth:`on_weights`; the scheduler decides when each replica loads it
 Start and resume: every replica first loads the learner's version (``weights/v{k}``) -- a resumed
 run starts its scheduler at version k. :meth:`state_dict` holds the task cursor and the prompts
 admitted but not yet handed to the learner (in flight, finished-untrained, re-queued, or in a batch
-not yet taken); a resumed source admits those first, so none is lost and none is trained twice.
+not yet taken); a resumed source admits those first, so none is lost and none is trained twice. It
+also holds the run's counts (attempts admitted, trained, re-queued, failed) and the lengths so far,
+so that a resumed run's figures go on from them instead of starting again from zero.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ class OrchestratedRollout:
 
     def state_dict(self) -> dict[str, Any]:
         """The task cursor and the prompts admitted but not yet taken by the learner (module doc)."""
-        return {"tasks": self.tasks.state_dict(), "open": [ref_to_dict(r) for r in self._prompts.open()]}
+        return {"tasks": self.tasks.state_dict(), "open": [ref_to_dict(r) for r in self._prompts.open()],
+                "counts": self._driver.closed_counts(), "lengths": self._driver.lengths.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._loop_task is not None:
@@ -193,6 +196,8 @@ class OrchestratedRollout:
         self.tasks.load_state_dict(state["tasks"])
         self._prompts.refs.clear()
         self._prompts.replay = deque(ref_from_dict(d) for d in state.get("open", []))
+        self._driver.carried = {k: float(v) for k, v in state.get("counts", {}).items()}  # the run's counts go on
+        self._driver.lengths.load_state_dict(state.get("lengths", {}))
         if self._prompts.replay:
             log.info("re-admitting %d prompt(s) that were in flight or untrained at the checkpoint",
                      len(self._prompts.replay))

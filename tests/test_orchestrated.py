@@ -268,4 +268,8 @@ def test_resuming_mid_run_neither_loses_nor_retrains_a_prompt(mode: str, algo: s
     assert open_at_2 <= after | still_open | failed  # none lost
     if mode == "async":
         assert open_at_2 & after  # re-admitted first, so trained in the resumed steps
-    assert all(r["rollout/lost"] == 0 for r in lines(tmp_path / "metrics.jsonl"))
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert all(r["rollout/lost"] == 0 for r in rows)
+    # the run's counts and lengths go on across the resume instead of starting again from zero
+    assert [r["rollout/trained"] for r in rows] == [r["rollout/len_trained_n"] for r in rows] == [4, 8, 12, 16]
+    assert rows[2]["rollout/admitted"] >= rows[1]["rollout/admitted"] - len(open_at_2) + 4

@@ -86,6 +86,15 @@ class LengthStats:
                 ("dropped", self.dropped))
         return {name: LengthSummary.of(values, t) for name, values in sets if values or name != "admitted"}
 
+    def state_dict(self) -> dict[str, list[int]]:
+        """The lengths so far, for a resumed run to go on from (its metrics are the whole run's)."""
+        return {"admitted": list(self.admitted), "generated": list(self.generated), "trained": list(self.trained),
+                "dropped": list(self.dropped)}
+
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
+        for name in ("admitted", "generated", "trained", "dropped"):
+            getattr(self, name)[:] = [int(v) for v in state.get(name, [])]
+
     def metrics(self) -> dict[str, float]:
         """Namespaced metrics for a step's metrics dict: ``rollout/len_{set}_{stat}`` for set in
         generated, trained, dropped (and admitted when recorded) and stat in n, mean, p50, p90,
