@@ -192,6 +192,11 @@ class DockerSandbox:
                 f"image {self.image!r} is not present (sandboxes never pull); build the base image with "
                 f"`sao-sandbox build-base` or load/build {self.image!r} first") from exc
         except Exception as exc:  # noqa: BLE001 - API or connection error
+            # The daemon may have made the container before the connection broke (a daemon going down
+            # answers nothing more): it is looked for by its name once the daemon answers again, here
+            # below, by this process's next sandbox, or at exit, and removed if it is there.
+            _registry.unremoved(self.name, self.name)
+            _registry.remove_unremoved(self._client)
             self._close_client()
             raise SandboxStartError(f"cannot create a container of {self.image!r}: {exc}") from exc
         self._container = container
@@ -484,7 +489,7 @@ class _Registry:
 
     def __init__(self) -> None:
         self._live: dict[int, DockerSandbox] = {}
-        self._unremoved: dict[str, str] = {}  # container id -> name: closed while the daemon was away
+        self._unremoved: dict[str, str] = {}  # container id or name -> name: closed while the daemon was away
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._hooked = False

@@ -266,6 +266,35 @@ def test_missing_image_fails_fast_without_pulling(client):
     assert time.monotonic() - start < 10
 
 
+class _LostAnswer:
+    """A client whose ``containers.create`` reaches the daemon, which makes the container, but whose answer
+    is lost, as when dockerd goes down mid-request (the state a restarted daemon leaves: ``Created``)."""
+
+    def __init__(self, client) -> None:  # type: ignore[no-untyped-def]
+        self._client = client
+        self.api = client.api
+        self.containers = self
+
+    def create(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        import requests
+
+        self._client.containers.create(*args, **kwargs)
+        raise requests.ConnectionError("Connection aborted: RemoteDisconnected")
+
+    def list(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self._client.containers.list(*args, **kwargs)
+
+
+def test_a_container_made_by_a_create_whose_answer_was_lost_is_removed(image, client):
+    label = f"{LABEL}-lost"
+    try:
+        with pytest.raises(SandboxStartError, match="cannot create"):
+            DockerSandbox(image, label=label, client=_LostAnswer(client))
+        assert containers(client, label) == [], "the container the daemon made was left behind"
+    finally:
+        gc(label=label, client=client)
+
+
 def _child(code: str, label: str) -> subprocess.Popen:
     script = textwrap.dedent(f"""\
         import sys, time

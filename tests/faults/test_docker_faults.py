@@ -110,6 +110,21 @@ def _answers(timeout_s: float) -> bool:
     return False
 
 
+def _runs_a_sandbox(client, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+    from sao.sandboxes import BASE_IMAGE, DockerSandbox, SandboxError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with DockerSandbox(BASE_IMAGE, client=client, label="pytest-dockerd-back") as sb:
+                if sb.run("true").exit_code == 0:
+                    return True
+        except SandboxError:
+            pass
+        time.sleep(1.0)
+    return False
+
+
 def _start_dockerd(argv: list[str], cores: set[int], out) -> None:  # type: ignore[no-untyped-def]
     subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
@@ -169,6 +184,9 @@ def test_dockerd_restarted_during_a_swe_local_eval_is_an_infra_error_retried_on_
         assert proc.returncode == 1 and json.loads((out / "summary.json").read_text())["infra_errors"] == len(infra)
         assert ours(client) == [], "containers of the cut episodes were left behind"
 
+        # `docker info` answers before the restarted daemon runs containers again (containerd, the networks):
+        # the resume is to meet a daemon that is back, so wait until a sandbox runs a command
+        assert _runs_a_sandbox(client, 120), "the restarted dockerd ran no container within 120 s"
         resumed = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         summary = json.loads((out / "summary.json").read_text())
