@@ -16,10 +16,22 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]
-    """Under xdist, this worker computes on its own share of the cores (tests/workers.py)."""
+    """Under xdist, this worker computes on its own share of the cores (tests/workers.py); the controller
+    names the run up front, so that its summary can find the workers' timeline."""
     from tests.workers import pin_this_worker
 
     pin_this_worker()
+    if (not os.environ.get("PYTEST_XDIST_WORKER") and config.pluginmanager.hasplugin("xdist")
+            and config.getoption("numprocesses", None) and not config.getoption("testrunuid", None)):
+        import uuid
+
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session):  # type: ignore[no-untyped-def]
+    from tests.workers import record_finish
+
+    record_finish()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its --dist loadgroup)
@@ -32,8 +44,9 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock: waiting is not running
 def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
     """A test that starts engines or trains the real model runs alone among such tests (tests/workers.py)."""
-    from tests.workers import machine_lock, needs_the_machine
+    from tests.workers import count_test, machine_lock, needs_the_machine
 
+    count_test()
     if needs_the_machine(item):
         with machine_lock():
             yield
@@ -230,6 +243,10 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
                 kind = nodeid.split(BAD_INPUT_TABLE, 1)[1].rstrip("]")
                 if getattr(report, "when", None) == "call" or kind not in outcomes:
                     outcomes[kind] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    from tests.workers import timeline
+
+    for line in timeline(terminalreporter.config.getoption("testrunuid", None)):
+        terminalreporter.write_line(line)
     if outcomes:
         counts = ", ".join(f"{sum(o == name for o in outcomes.values())} {name}"
                            for name in ("passed", "failed", "xfailed", "skipped") if name in outcomes.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -142,3 +143,35 @@ def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatc
     with machine_lock():  # outside xdist: nothing to hold
         pass
 
+
+
+def test_the_last_worker_takes_every_core_once_the_others_have_finished(monkeypatch):
+    """tests/workers.py: a pinned worker widens to the cores it was pinned from when every other worker of
+    the run has recorded its finish, drops the vLLM binding it set, and the summary says when."""
+    import tests.workers as W
+
+    cores = sorted(os.sched_getaffinity(0))
+    run = uuid.uuid4().hex
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[0]))
+    monkeypatch.setattr(W, "_pinned", {"cores": cores, "bind": True})
+    monkeypatch.setattr(W, "_worker_log", {"started": 0.0, "machine_s": 0.0, "tests": 0.0})
+    try:
+        os.sched_setaffinity(0, cores[:1])
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        assert W.widen_when_alone() is None  # gw1 still runs
+        assert sorted(os.sched_getaffinity(0)) == cores[:1]
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+        W.record_finish()  # gw1's finish, as its session would record it
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        assert W.widen_when_alone() == cores
+        assert sorted(os.sched_getaffinity(0)) == cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+        assert W.widen_when_alone() is None  # once
+        W.record_finish()
+        lines = W.timeline(run)
+        assert len(lines) == 2 and lines[0].startswith("worker gw0:") and "all cores from" in lines[0]
+        assert "all cores from" not in lines[1]
+        assert not (Path(tempfile.gettempdir()) / f"sao-tests-{run}").exists()
+    finally:
+        os.sched_setaffinity(0, cores)

@@ -15,15 +15,24 @@ loadgroup``). Alone the suite kept less than one of the 2 cores busy on average 
 - Cores. Each worker computes on its own share of the cores (``sched_setaffinity``, which the engines,
   trainers and tools it starts inherit), and vLLM's OpenMP threads are bound inside that share
   (``VLLM_CPU_OMP_THREADS_BIND``). Unpinned, two workers' OpenMP threads on 2 cores wait on each
-  other, and every vLLM picks the same core by itself (sao.agents.fleet.cpu_share).
+  other, and every vLLM picks the same core by itself (sao.agents.fleet.cpu_share). Once every other
+  worker has finished, the one left takes all the cores for its next tests that take the machine
+  (:func:`widen_when_alone`): the engine worker's last tests otherwise ran on one core of two, the other
+  idle.
+- Timeline. Each worker records when it finished, how long it held the machine lock, and when it
+  took all the cores; ``scripts/test``'s summary prints it (:func:`timeline`), to say where CI's time goes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,8 +65,69 @@ def pin_this_worker() -> list[int] | None:
     if mine == cores:
         return None
     os.sched_setaffinity(0, mine)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+        _pinned["bind"] = True
+    _pinned["cores"] = cores
     return mine
+
+
+_pinned: dict[str, object] = {}  # this worker's cores before pinning, and whether it set vLLM's binding
+_worker_log: dict[str, float] = {"started": time.monotonic(), "machine_s": 0.0, "tests": 0.0}
+
+
+def _timeline_dir() -> Path | None:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return Path(tempfile.gettempdir()) / f"sao-tests-{run}" if run else None
+
+
+def count_test() -> None:
+    _worker_log["tests"] += 1
+
+
+def record_finish() -> None:
+    """This worker is done: say so (for :func:`widen_when_alone`) with its figures (for :func:`timeline`)."""
+    folder, worker = _timeline_dir(), os.environ.get("PYTEST_XDIST_WORKER")
+    if folder is None or not worker:
+        return
+    folder.mkdir(exist_ok=True)
+    figures = {"worker": worker, "finished_s": time.monotonic() - _worker_log["started"], "tests": int(_worker_log["tests"]),
+               "machine_s": _worker_log["machine_s"], "all_cores_from_s": _worker_log.get("widened")}
+    (folder / f"{worker}.json").write_text(json.dumps(figures))
+
+
+def widen_when_alone() -> list[int] | None:
+    """When this pinned worker is the run's last, give it all the cores it was pinned from: the engines,
+    trainers and tools it starts from now on inherit them (and vLLM binds its threads as
+    sao.agents.fleet.cpu_share says, once the worker's own binding is gone); torch's threads in this
+    process follow. Returns the cores when it widened now, else None."""
+    cores, folder = _pinned.get("cores"), _timeline_dir()
+    if not cores or folder is None or "widened" in _worker_log or os.environ.get("SAO_TEST_WIDEN", "1") == "0":
+        return None
+    others = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) - 1
+    done = [p for p in folder.glob("gw*.json") if p.stem != os.environ.get("PYTEST_XDIST_WORKER")] \
+        if folder.is_dir() else []
+    if len(done) < others:
+        return None
+    os.sched_setaffinity(0, cores)  # type: ignore[arg-type]
+    if _pinned.get("bind"):
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(len(cores))  # type: ignore[arg-type]
+    _worker_log["widened"] = time.monotonic() - _worker_log["started"]
+    return list(cores)  # type: ignore[call-overload]
+
+
+def timeline(run: str | None) -> list[str]:
+    """The workers' figures (:func:`record_finish`), one line each, and the folder removed."""
+    if not run:
+        return []
+    folder = Path(tempfile.gettempdir()) / f"sao-tests-{run}"
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("gw*.json"))] if folder.is_dir() else []
+    shutil.rmtree(folder, ignore_errors=True)
+    return [f"worker {r['worker']}: {r['tests']} tests, finished at {r['finished_s']:.0f} s, machine lock held "
+            f"{r['machine_s']:.0f} s" + (f", all cores from {r['all_cores_from_s']:.0f} s"
+                                          if r.get("all_cores_from_s") is not None else "") for r in rows]
 
 
 def _touches_docker(path: Path, seen: dict[Path, bool]) -> bool:
@@ -135,8 +205,11 @@ def machine_lock() -> Iterator[None]:
         return
     with open(Path(tempfile.gettempdir()) / f"sao-tests-{run}.lock", "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
+        held = time.monotonic()
         try:
+            widen_when_alone()
             yield
         finally:
+            _worker_log["machine_s"] += time.monotonic() - held
             fcntl.flock(fh, fcntl.LOCK_UN)
 
