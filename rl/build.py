@@ -23,7 +23,6 @@ import torch
 from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
 from sao.agents.engine_meter import EngineMeter
-from sao.agents.engine_watch import watching
 from sao.agents.fleet import cpu_share
 from sao.agents.generate import GenerateClient, generate_base_url
 from sao.agents.interrupts import quiet_interrupts
@@ -45,12 +44,12 @@ from sao.rl.learner import Learner, LearnerConfig
 from sao.rl.precision import resolve_bf16
 from sao.rl.memory import configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
-from sao.rl.sources import RolloutSource, SyncRollout
+from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.replica_sync import ReplicaWeightSync
 from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
 from sao.rl.torch_thread import TorchThread, pin_caller
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
-from sao.rl.watched_sync import WatchedWeightSync
 from sao.rl.value import ValueModel
 
 log = logging.getLogger(__name__)
@@ -286,20 +285,15 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                     stack.push_async_callback(client.aclose)
                     clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
-            if cfg.rollout.mode == "sync":
-                # a managed engine that dies is restarted and given the current weights (sao.rl.watched_sync)
-                sync: Any = WatchedWeightSync(WeightSync(
-                    controls[0], RunFiles(run_dir).weights, model_name=served, keep=cfg.engine.keep_weight_versions,
-                    warn_gap=cfg.engine.probe_warn_gap, dtype=dtype, offload=thread.run))
-                sync.watch = await stack.enter_async_context(
-                    watching(engines[0].server, cfg.engine.max_restarts, on_restart=sync.restore))
-                source: RolloutSource = SyncRollout(client=clients[0], renderer_for=renderer_for, engine=controls[0],
-                                          env_name=env_name, env_kwargs=env_kwargs(cfg), loop=loop, tasks=tasks,
-                                          group_size=cfg.algo.group_size,
-                                          concurrency=episode_bound(cfg, cfg.rollout.concurrency),
-                                          seed=cfg.seed, watch=sync.watch)
-            else:
-                source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
+            source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
+            sync: Any
+            if cfg.rollout.mode == "sync":  # the learner pushes each version into the one engine, and probes it
+                # (2 versions at least: an engine restarted mid-push first reloads the one before, sao.rl.replica_sync)
+                sync = ReplicaWeightSync(WeightSync(
+                    controls[0], RunFiles(run_dir).weights, model_name=served,
+                    keep=max(2, cfg.engine.keep_weight_versions),
+                    warn_gap=cfg.engine.probe_warn_gap, dtype=dtype, offload=thread.run), source)
+            else:  # the learner writes each version; the scheduler decides when each replica loads it
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
                                        offload=thread.run)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
@@ -341,10 +335,8 @@ def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple
 
 
 def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Any], clients: list[Any], controls: list[Any],
-                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> RolloutSource:
-    """``rollout=one_step_off|async|multi_version|pipe``: the mode's scheduler over the replicas."""
-    from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
-
+                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> OrchestratedRollout:
+    """Every rollout mode: the mode's scheduler over the replicas (``sync``: one)."""
     runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs(cfg))
     # env.max_concurrent bounds the episodes of every replica together (a coding episode holds a container)
     slots = asyncio.Semaphore(cfg.env.max_concurrent) if cfg.env.max_concurrent else contextlib.nullcontext()

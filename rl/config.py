@@ -498,8 +498,7 @@ def validate(cfg: TrainConfig) -> None:
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
     if cfg.eval.enabled and (cfg.eval.every < 0 or cfg.eval.problems < 1 or cfg.eval.concurrency < 1):
         raise ConfigError("eval.every must be >= 0, eval.problems and eval.concurrency >= 1")
-    if cfg.rollout.mode != "sync":
-        scheduler_config(cfg)
+    scheduler_config(cfg)
     if cfg.model.activation_checkpointing not in ("auto", True, False):
         raise ConfigError(f"model.activation_checkpointing must be auto, true or false, "
                           f"got {cfg.model.activation_checkpointing!r}")

@@ -28,6 +28,8 @@ from sao.rl.replica_health import HealthConfig, Replica, ReplicaWatcher
 from sao.rl.rollout import (
     Discard,
     RecordFailed,
+    ReplicaDied,
+    ReplicaRestarted,
     Requeue,
     Scheduler,
     StartTrajectory,
@@ -74,9 +76,19 @@ class DriverLoop:
         self._since_batch = time.monotonic()
 
     async def run(self) -> None:
-        """Start the schedule and the health watcher, then execute actions as events arrive (forever)."""
+        """Start the schedule and the health watcher, then execute actions as events arrive (forever).
+
+        A replica's death and restart before the schedule started (during its warm-up batches,
+        :mod:`sao.rl.off_schedule`, which reloaded it) are not the scheduler's: it starts from the
+        replicas as they are, and hears only of one that is still dead."""
+        queued = [self.events.get_nowait() for _ in range(self.events.qsize())]
+        for event in queued:
+            if not isinstance(event, (ReplicaDied, ReplicaRestarted)):
+                self.events.put_nowait(event)
         self.spawn(self.health.watch())
         self._execute(self.scheduler.start(self._now()))
+        for rid in sorted(self.health.dead):  # its restart, under way, reports ReplicaRestarted
+            self.events.put_nowait(ReplicaDied(rid, "dead when the schedule started"))
         while True:
             event = await self.events.get()
             if isinstance(event, BaseException):  # a helper task failed for good
@@ -204,6 +216,8 @@ class DriverLoop:
     async def _sync(self, action: SyncReplica) -> None:
         rid, replica = action.replica, self.replicas[action.replica]
         generation = self.health.generation[rid]
+        if replica.version == UNKNOWN_VERSION:  # restarted: it serves the weights it was launched with
+            log.warning("replica %d, restarted, loads version %d before it serves again", rid, action.version)
         try:
             await self.load(replica, action.version)
         except Exception as exc:  # noqa: BLE001 - a replica that cannot load weights is treated as dead

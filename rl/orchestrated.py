@@ -1,8 +1,9 @@
-"""Asynchronous rollout on real engines: a :mod:`sao.rl.rollout` scheduler driven by asyncio.
+"""Rollout on real engines: a :mod:`sao.rl.rollout` scheduler driven by asyncio, for every mode.
 
-:class:`OrchestratedRollout` is a :class:`~sao.rl.sources.RolloutSource` (``next_batch``,
-``on_weights``) for ``rollout=one_step_off|async|multi_version|pipe`` (and ``sync``). It is the
-seam between the learner and the driver, whose parts live by role:
+:class:`OrchestratedRollout` is the :class:`~sao.rl.sources.RolloutSource` (``next_batch``,
+``on_weights``) of every rollout mode: ``sync``, ``one_step_off``, ``async``, ``multi_version`` and
+``pipe``, each its scheduler over the replicas. It is the seam between the learner and the driver,
+whose parts live by role:
 
 - :mod:`sao.rl.driver_loop`: the event loop that executes the scheduler's actions (episodes as
   tasks, per-replica weight reloads, the learner's batch parts);
@@ -12,7 +13,11 @@ seam between the learner and the driver, whose parts live by role:
 - :mod:`sao.rl.open_prompts`: the prompts admitted but not yet trained.
 
 The learner publishes a version by writing its checkpoint (:class:`~sao.rl.sync.WeightPublisher`)
-and calling :meth:`on_weights`; the scheduler decides when each replica loads it.
+and calling :meth:`on_weights`; the scheduler decides when each replica loads it. ``rollout=sync``
+differs in two ways: the learner loads each version into its one engine itself and probes it
+(:mod:`sao.rl.replica_sync`), so the driver's load finds it there and only records it; and its
+scheduler hears of the version when the learner asks for the next batch, so nothing is sampled
+between a batch and the next request for one.
 
 Start and resume: every replica first loads the learner's version (``weights/v{k}``) -- a resumed
 run starts its scheduler at version k. :meth:`state_dict` holds the task cursor and the prompts
@@ -26,23 +31,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sao.agents import RolloutMeta, Trajectory
+from sao.agents import Trajectory
 from sao.rl.driver_loop import DriverLoop, RunEpisode
+from sao.rl.off_schedule import OffSchedule
 from sao.rl.open_prompts import OpenPrompts, ref_from_dict, ref_to_dict
 from sao.rl.replica_health import HealthConfig, Replica, ReplicaControl
 from sao.rl.rollout import Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
-from sao.rl.sources import RolloutBatch, rollout_meta, rollout_metrics
+from sao.rl.rollout.replicas import UNKNOWN_VERSION
+from sao.rl.sources import RolloutBatch, rollout_meta
 from sao.rl.sync import version_dir
-from sao.rl.tasks import PromptRef, episode_seed
-from sao.rl.trainable import failure
-from sao.rl.versioned_client import VersionedClient, turn_versions
+from sao.rl.tasks import PromptRef
+from sao.rl.versioned_client import turn_versions
 from sao.rl.weight_load import load_weights
 
 __all__ = ["HealthConfig", "OrchestratedRollout", "Replica", "ReplicaControl", "RunEpisode", "turn_versions"]
@@ -85,6 +89,10 @@ class OrchestratedRollout:
         self._loop_task: asyncio.Task[None] | None = None
         self._loaded: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
+        self._published: int | None = None  # rollout=sync: a version published, not yet told the scheduler
+        self._off = OffSchedule(replicas, self._driver.health, run_episode, seed=seed, load=self._load,
+                                on_trajectory=lambda t: self.on_trajectory(t),
+                                slots=config.max_concurrency * len(replicas))
 
     @property
     def scheduler(self) -> Scheduler:
@@ -104,6 +112,9 @@ class OrchestratedRollout:
             raise ValueError(f"asked for {n} trajectories, the scheduler was built for {self.config.batch_size}")
         self._ensure_running()
         assert self._loop_task is not None
+        if self._published is not None:  # rollout=sync: the step the learner finished (on_weights)
+            self._driver.events.put_nowait(TrainStepDone(self._published))
+            self._published = None
         final = False
         while not final:
             getter = asyncio.ensure_future(self._driver.batches.get())
@@ -123,48 +134,19 @@ class OrchestratedRollout:
 
     async def warmup_batch(self, n: int, learner_version: int) -> RolloutBatch:
         """``n`` episodes on the initial weights outside the schedule, before it starts (critic
-        pretraining: no policy step follows, so the scheduler's step count must not move)."""
+        pretraining: no policy step follows, so the scheduler's step count must not move;
+        :mod:`sao.rl.off_schedule`)."""
         if self._loop_task is not None:
             raise RuntimeError("warm-up batches come before the first scheduled batch")
         await self._load_start_version()
-        group = self.config.group_size
-        refs = self.tasks.take(n // group)
-        jobs = [(ref, i) for ref in refs for i in range(group)]
-        t0 = time.monotonic()
-
-        async def one(k: int, ref: PromptRef, sample: int) -> Trajectory:
-            replica = self.replicas[k % len(self.replicas)]
-            t = await self.run_episode(VersionedClient(replica), ref, sample, episode_seed(self.seed, ref.index, sample))
-            t = replace(t, rollout=RolloutMeta(ref.index, learner_version, warmup=True))
-            self.on_trajectory(t)
-            return t
-
-        done = await asyncio.gather(*(one(k, ref, i) for k, (ref, i) in enumerate(jobs)))
-        ok = tuple(t for t in done if failure(t) is None)
-        return RolloutBatch(ok, tuple(t for t in done if failure(t) is not None), tuple(refs),
-                            rollout_metrics(done, ok, time.monotonic() - t0))
+        return await self._off.warmup(self.tasks.take(n // self.config.group_size), self.config.group_size,
+                                      learner_version)
 
     async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]:
-        """One episode per prompt outside the schedule, recorded with ``rollout.probe = True`` and never
-        trained on (forgetting probes), on the live replica that serves the newest version. The learner's
-        newest version may not be loaded anywhere yet (the scheduler decides when each replica loads
-        it): each probe's ``policy_version`` is the oldest version its turns ran on."""
+        """One episode per prompt outside the schedule, never trained on (forgetting probes), on the live
+        replica that serves the newest version (:mod:`sao.rl.off_schedule`)."""
         await self._load_start_version()
-        dead = self._driver.health.dead
-        live = [k for k in range(len(self.replicas)) if k not in dead]
-        if not live:
-            raise RuntimeError("no live replica to run the forgetting probes on")
-        k = max(live, key=lambda i: self.replicas[i].version)
-        replica = self.replicas[k]
-
-        async def one(ref: PromptRef) -> Trajectory:
-            start = replica.version
-            t = await self.run_episode(VersionedClient(replica), ref, 0, episode_seed(self.seed, ref.index, 0))
-            t = replace(t, rollout=RolloutMeta(ref.index, min(turn_versions(t, start)), replica=k, probe=True))
-            self.on_trajectory(t)
-            return t
-
-        return list(await asyncio.gather(*(one(ref) for ref in prompts)))
+        return await self._off.probes(prompts)
 
     def on_weights(self, version: int) -> None:
         """The learner published ``version`` (its checkpoint is on disk): tell the scheduler. The
@@ -176,6 +158,9 @@ class OrchestratedRollout:
             self.start_version = version
             self._driver.scheduler = make_scheduler(self.mode, self.config, len(self.replicas), self._prompts, version)
             return
+        if self.mode == "sync":  # its next batch starts when the learner asks for it (next_parts), as a
+            self._published = version  # synchronous loop's does: nothing samples under its probes, evaluation
+            return  # and checkpoint, or past its last step
         self._driver.events.put_nowait(TrainStepDone(version))
 
     def stats(self) -> dict[str, float]:
@@ -230,10 +215,31 @@ class OrchestratedRollout:
                 *(self._load(r, self.start_version) for r in self.replicas)))
         await asyncio.shield(self._loaded)
 
+    def generation(self, rid: int) -> int:
+        """Replica ``rid``'s life: bumped at each of its deaths (:mod:`sao.rl.replica_health`)."""
+        return self._driver.health.generation[rid]
+
+    async def back_since(self, rid: int, generation: int) -> bool:
+        """Whether replica ``rid`` died after ``generation`` was read (a call on it just failed) and, when
+        it did, once it is back and has loaded the version the scheduler gave it (False: it lives, the
+        failure was the caller's own)."""
+        health = self._driver.health
+        if self._loop_task is None or not await health.died_since(rid, generation):
+            return False
+        await health.back(rid)
+        while self.replicas[rid].version == UNKNOWN_VERSION:
+            if self._loop_task.done():
+                raise RuntimeError(f"replica {rid} did not come back: {self._error!r}") from self._error
+            await asyncio.sleep(0.05)
+        return True
+
     async def _load(self, replica: Replica, version: int) -> None:
         def serves() -> None:
             replica.version = version
 
+        if self.mode == "sync" and await replica.control.weight_version() == str(version):  # type: ignore[attr-defined]
+            serves()  # it serves that version already: the learner's WeightSync loaded it (sao.rl.replica_sync)
+            return
         await load_weights(replica.control, version_dir(self.weights_root, version).resolve(), version,
                            mode="keep", timeout_s=self.reload_timeout_s, keep_kv=self.keep_kv,
                            before_resume=serves)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,6 +80,7 @@ class ReplicaWatcher:
         self.generation = [0] * len(replicas)  # bumped at each death: late answers of a past life are ignored
         self.deaths = [0] * len(replicas)
         self.restarts = [0] * len(replicas)
+        self.given_up: dict[int, str] = {}  # replicas whose restarts are used up: why
 
     def current(self, rid: int, generation: int) -> bool:
         """Whether ``rid`` is live and still in the life ``generation`` was read in."""
@@ -114,6 +116,26 @@ class ReplicaWatcher:
         self.declare_dead(rid, cause or ("engine process exited" if exited else
                                          f"/health failed {self._strikes[rid]} time(s) in a row"))
 
+    async def died_since(self, rid: int, generation: int, grace_s: float = 2.0) -> bool:
+        """Whether ``rid`` died after ``generation`` was read. A call on it just failed, so it is checked at
+        once, and given ``grace_s`` to be seen dead (False: it lives; the failure was the caller's own)."""
+        deadline = time.monotonic() + grace_s
+        while self.generation[rid] == generation:
+            await self.check(rid, at_once=True)
+            if self.generation[rid] != generation:
+                break
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def back(self, rid: int) -> None:
+        """Wait until ``rid`` is back (restarted, or answering again); raise once its restarts are used up."""
+        while rid in self.dead:
+            if rid in self.given_up:
+                raise RuntimeError(self.given_up[rid])
+            await asyncio.sleep(0.05)
+
     def declare_dead(self, rid: int, cause: str) -> None:
         self.dead.add(rid)
         self.generation[rid] += 1
@@ -136,9 +158,9 @@ class ReplicaWatcher:
                     continue
             else:
                 if self.restarts[rid] >= self.config.max_restarts:
-                    self.report(RuntimeError(
-                        f"replica {rid} died {self.deaths[rid]} time(s); engine.max_restarts="
-                        f"{self.config.max_restarts} restarts used up"))
+                    self.given_up[rid] = (f"replica {rid} died {self.deaths[rid]} time(s); engine.max_restarts="
+                                          f"{self.config.max_restarts} restarts used up")
+                    self.report(RuntimeError(self.given_up[rid]))
                     return
                 self.restarts[rid] += 1
                 log.warning("restarting replica %d (restart %d of at most %d)", rid, self.restarts[rid],

@@ -1,4 +1,4 @@
-"""Where the learner's trajectories come from: the :class:`RolloutSource` seam, and ``rollout=sync``.
+"""Where the learner's trajectories come from: the :class:`RolloutSource` seam.
 
 The trainer asks a source for the next batch and tells it when new weights are live::
 
@@ -7,35 +7,25 @@ The trainer asks a source for the next batch and tells it when new weights are l
     await weight_sync.sync(policy, version + 1)
     source.on_weights(version + 1)
 
-:class:`SyncRollout` (``rollout=sync``) does the simplest thing behind that seam: it draws the
-next prompts, runs ``group_size`` episodes per prompt with bounded concurrency against the engine,
-and returns when all of them have ended; the weights never change while it runs, so every token
-was sampled by version ``learner_version``, which it stamps on each turn (stock vLLM ``/v1``
-responses do not report a version) after checking the engine's own label before and after.
-Asynchronous sources (streaming, multi-version, pipelined) implement the same two calls, so the
-trainer does not change when they arrive.
+Every rollout mode, ``sync`` included, is one source behind that seam: the rollout driver
+(:class:`~sao.rl.orchestrated.OrchestratedRollout`) running the mode's scheduler over the engine
+replicas. The protocols below say what else a source may offer (batches in parts, a schedule of its
+own, forgetting probes); the trainer asks for them by protocol, not by class.
 
 Failed episodes (the environment raised, the engine failed) come back in ``RolloutBatch.failed``,
 recorded on disk like every other episode, and are not trained on: their reward says nothing about
-the policy. With a managed engine, :class:`SyncRollout` takes the run's
-:class:`~sao.agents.engine_watch.EngineWatch`: an episode that the engine's death cut is not a
-result; it runs again from its start once the engine is back (serving the same version, which
-:class:`~sao.rl.watched_sync.WatchedWeightSync` loads into it), and is recorded once.
+the policy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from sao.agents import ChatRenderer, CompletionClient, EpisodeRunner, LoopConfig, RolloutMeta, Trajectory, VersionSpan
-from sao.agents.engine_watch import EngineWatch, rerun_on_death, retry_on_death
-from sao.rl.tasks import PromptRef, TaskStream, episode_seed
-from sao.rl.trainable import failure
+from sao.agents import RolloutMeta, Trajectory
+from sao.rl.tasks import PromptRef
 
 log = logging.getLogger(__name__)
 
@@ -108,90 +98,6 @@ class ProbingSource(RolloutSource, Protocol):
     """A source that can run episodes that measure and are never trained on (forgetting probes)."""
 
     async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]: ...
-
-
-class VersionedEngine(Protocol):
-    async def weight_version(self) -> str | None: ...
-
-
-class SyncRollout:
-    """``rollout=sync``: one batch of episodes per call, all on the current weights (module doc)."""
-
-    def __init__(
-        self,
-        *,
-        client: CompletionClient,
-        renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
-        engine: VersionedEngine | None,
-        env_name: str,
-        env_kwargs: dict[str, Any],
-        loop: LoopConfig,
-        tasks: TaskStream,
-        group_size: int,
-        concurrency: int,
-        seed: int,
-        on_trajectory: Callable[[Trajectory], None] = lambda t: None,
-        watch: EngineWatch | None = None,
-    ):
-        self.client, self.engine, self.watch = client, engine, watch
-        self.runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
-        self.tasks, self.group_size, self.seed = tasks, group_size, seed
-        self.on_trajectory = on_trajectory
-        self._semaphore = asyncio.Semaphore(concurrency)
-        self.version = 0
-
-    def on_weights(self, version: int) -> None:
-        self.version = version
-
-    async def evaluate(self, prompts: list[PromptRef]) -> list[Trajectory]:
-        """One episode per prompt on the current weights, recorded with ``rollout.probe = True`` and
-        never returned by :meth:`next_batch`: for probes that measure, not train (forgetting)."""
-        return list(await asyncio.gather(*(self._episode(p, 0, self.version, probe=True) for p in prompts)))
-
-    async def _episode(self, prompt: PromptRef, sample: int, version: int, *, probe: bool = False) -> Trajectory:
-        async def attempt() -> Trajectory:
-            return await self.runner(self.client, task_id=prompt.task_id, sample=sample,
-                                     seed=episode_seed(self.seed, prompt.index, sample))
-
-        async with self._semaphore:
-            trajectory = await rerun_on_death(self.watch, attempt)  # a cut attempt runs again (module doc)
-        turns = tuple(replace(t, policy_versions=VersionSpan.of(version),  # no sync lands mid-rollout here
-                              token_versions=((version, t.completion_len),) if t.completion_len else None)
-                      for t in trajectory.turns)
-        trajectory = replace(trajectory, turns=turns, rollout=RolloutMeta(prompt.index, version, probe=probe))
-        self.on_trajectory(trajectory)
-        return trajectory
-
-    async def next_batch(self, n: int, learner_version: int) -> RolloutBatch:
-        if n % self.group_size:
-            raise ValueError(f"batch of {n} trajectories is not a multiple of group_size {self.group_size}")
-        if learner_version != self.version:
-            raise RuntimeError(f"sync rollout: engine holds version {self.version}, learner is at {learner_version}")
-        before = await self._engine_version()
-        prompts = self.tasks.take(n // self.group_size)
-        t0 = time.monotonic()
-        done = await asyncio.gather(*(self._episode(p, s, self.version) for p in prompts for s in range(self.group_size)))
-        wall = time.monotonic() - t0
-        after = await self._engine_version()
-        if before != after or (after is not None and after != str(self.version)):
-            raise RuntimeError(f"the engine's weight version changed during a sync rollout ({before!r} -> {after!r}, "
-                               f"expected {self.version}); is another trainer using this engine?")
-        ok = tuple(t for t in done if failure(t) is None)
-        failed = tuple(t for t in done if failure(t) is not None)
-        return RolloutBatch(ok, failed, tuple(prompts), rollout_metrics(done, ok, wall))
-
-    async def _engine_version(self) -> str | None:
-        if self.engine is None:
-            return None
-        engine = self.engine
-        return await retry_on_death(self.watch, engine.weight_version)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"tasks": self.tasks.state_dict(), "version": self.version}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tasks.load_state_dict(state["tasks"])
-        self.version = int(state["version"])
 
 
 def rollout_metrics(all_: list[Trajectory] | tuple[Trajectory, ...], ok: tuple[Trajectory, ...], wall_s: float

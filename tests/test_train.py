@@ -15,19 +15,27 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from sao.agents import ByteTokenizer, ChatRenderer, LoopConfig, OpenAICompletionClient, RetryPolicy
+from sao.agents import ByteTokenizer, ChatRenderer, EpisodeRunner, LoopConfig, OpenAICompletionClient, RetryPolicy
 from sao.agents.fake_server import FakeServer, Reply
 from sao.rl.algos import ALGORITHMS, GRPO, PPOClipLoss, ReinforceMean, make_algorithm
-from sao.rl.batch import collate
 from sao.rl.build import learner_config
-from sao.rl.config import AlgoConfig, ConfigError, EngineConfig, EnvConfig, LoggerConfig, OptimConfig, TrainConfig, validate
+from sao.rl.config import (
+    AlgoConfig,
+    ConfigError,
+    LoggerConfig,
+    TrainConfig,
+    scheduler_config,
+    validate,
+)
 from sao.rl.learner import Learner
 from sao.rl.metrics_log import REQUIRED_KEYS, rewind_jsonl
-from sao.rl.sources import SyncRollout
+from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.replica_sync import ReplicaWeightSync
 from sao.rl.sync import WeightSync
 from sao.rl.tasks import TaskStream
 from sao.rl.trainer import Trainer, TrainError
@@ -51,7 +59,7 @@ def responder(request: dict, prompt: str) -> Reply:
 
 
 class FakeEngine:
-    """The control endpoints WeightSync and SyncRollout use, recorded."""
+    """The control endpoints WeightSync and the rollout driver use, recorded."""
 
     root_url = "http://fake"
 
@@ -111,20 +119,32 @@ def config(algo: str = "sao", **overrides) -> TrainConfig:  # type: ignore[no-un
     return replace(cfg, **overrides)
 
 
-def make_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer, engine: FakeEngine) -> Trainer:
+def sync_source(cfg: TrainConfig, run_dir: Path, client: OpenAICompletionClient, engine: FakeEngine, tasks: Any,
+                health: HealthConfig = HealthConfig(), restart: Any = None, alive: Any = None) -> OrchestratedRollout:
+    """``rollout=sync`` as sao-train builds it: the sync scheduler over one replica."""
+    runner = EpisodeRunner("arithmetic", lambda tools: ChatRenderer(ByteTokenizer(), tools),
+                           LoopConfig(max_turns=1, max_tokens=cfg.env.max_tokens, max_model_len=400), cfg.env.kwargs)
+
+    async def play(c, ref, sample, seed):  # type: ignore[no-untyped-def]
+        return await runner(c, task_id=ref.task_id, sample=sample, seed=seed)
+
+    return OrchestratedRollout("sync", replace(scheduler_config(cfg), max_concurrency=4),
+                               [Replica(client, engine, alive=alive, restart=restart)],  # type: ignore[arg-type]
+                               tasks=tasks, run_episode=play, weights_root=run_dir / "weights", seed=cfg.seed,
+                               health=health)
+
+
+def make_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer, engine: FakeEngine, tasks: Any = None) -> Trainer:
     validate(cfg)
     algo = make_algorithm(cfg.algo)
     policy = tiny_policy()
     value = ValueModel.from_policy(policy) if algo.uses_critic else None
     learner = Learner(policy, learner_config(cfg), value_model=value)
     client = OpenAICompletionClient(server.base_url, "fake", timeout_s=10, retry=FAST)
-    tasks = TaskStream("arithmetic", cfg.env.kwargs, cfg.seed)
-    source = SyncRollout(client=client, renderer_for=lambda tools: ChatRenderer(ByteTokenizer(), tools), engine=engine,
-                         env_name="arithmetic", env_kwargs=cfg.env.kwargs,
-                         loop=LoopConfig(max_turns=1, max_tokens=cfg.env.max_tokens, max_model_len=400),
-                         tasks=tasks, group_size=cfg.algo.group_size, concurrency=4, seed=cfg.seed)
-    sync = WeightSync(engine, run_dir / "weights", model_name="fake")  # type: ignore[arg-type]
-    return Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync, pad_id=257)
+    source = sync_source(cfg, run_dir, client, engine, tasks or TaskStream("arithmetic", cfg.env.kwargs, cfg.seed))
+    sync = ReplicaWeightSync(WeightSync(engine, run_dir / "weights", model_name="fake"), source)  # type: ignore[arg-type]
+    return Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync, pad_id=257,
+                   tasks=tasks)
 
 
 def run(cfg: TrainConfig, run_dir: Path, server: FakeServer, engine: FakeEngine | None = None) -> Trainer:
@@ -169,7 +189,7 @@ def test_the_sync_probes_after_the_first_sync_every_probe_every_steps_and_at_the
 
     cfg = config("grpo", max_steps=5, keep_checkpoints=1, engine=replace(config().engine, probe=True, probe_every=2))
     trainer = make_trainer(cfg, tmp_path, server, FakeEngine())
-    trainer.weight_sync = Recording(trainer.weight_sync.engine, tmp_path / "weights", model_name="fake")
+    trainer.weight_sync.inner = Recording(trainer.weight_sync.inner.engine, tmp_path / "weights", model_name="fake")
     asyncio.run(trainer.run())
     assert seen == [(0, True), (1, False), (2, True), (3, False), (4, True), (5, True)]
     with pytest.raises(ConfigError, match="probe_every must be >= 1"):
@@ -331,12 +351,26 @@ def test_resume_drops_what_was_logged_after_the_checkpoint(tmp_path: Path, serve
     assert sorted(steps) == [1] * 4 + [2] * 4 + [3] * 4
 
 
-def test_a_batch_where_every_episode_failed_stops_with_the_cause(tmp_path: Path) -> None:
-    with FakeServer(responder=lambda req, prompt: Reply(status=500, error="engine on fire")) as broken:
-        with pytest.raises(TrainError, match="all 4 trajectories failed"):
-            run(config("grpo", max_steps=1), tmp_path, broken)
+def test_a_rollout_where_every_episode_fails_stops_with_the_cause(tmp_path: Path) -> None:
+    """rollout=sync re-queues a failed attempt like every mode (rollout.max_failures times per prompt); an
+    engine that fails every request stops the run once a batch's worth of prompts failed that often in
+    a row, naming the cause, with every attempt recorded."""
+    with (FakeServer(responder=lambda req, prompt: Reply(status=500, error="engine on fire")) as broken,
+          pytest.raises(RuntimeError, match=r"the last 12 attempts all failed .*engine on fire")):
+        run(config("grpo", max_steps=1), tmp_path, broken)
+    recorded = lines(tmp_path / "trajectories.jsonl")
+    assert len(recorded) >= 12 and all(t["status"] == "failed" and "engine on fire" in t["error"] for t in recorded)
+
+
+def test_a_warmup_batch_where_every_episode_failed_stops_with_the_cause(tmp_path: Path) -> None:
+    """The critic's warm-up batch runs outside the schedule: all of it failed on a live engine is the
+    trainer's own error, with the batch's episodes recorded."""
+    with (FakeServer(responder=lambda req, prompt: Reply(status=500, error="engine on fire")) as broken,
+          pytest.raises(TrainError, match="all 4 trajectories failed")):
+        run(config("sao", max_steps=1), tmp_path, broken)
     recorded = lines(tmp_path / "trajectories.jsonl")
     assert len(recorded) == 4 and all(t["status"] == "failed" and "engine on fire" in t["error"] for t in recorded)
+    assert all(t["rollout"]["warmup"] for t in recorded)
 
 
 def test_rewind_jsonl_keeps_earlier_steps_and_drops_a_torn_line(tmp_path: Path) -> None:
@@ -392,11 +426,8 @@ def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Pa
 def make_scheduled_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer) -> Trainer:
     from sao.rl.schedule import ScheduledTaskStream
 
-    trainer = make_trainer(cfg, run_dir, server, FakeEngine())
-    tasks = ScheduledTaskStream("arithmetic", cfg.env.kwargs, cfg.seed, cfg.schedule)
-    trainer.source.tasks = tasks  # type: ignore[attr-defined]
-    trainer.tasks = tasks
-    return trainer
+    return make_trainer(cfg, run_dir, server, FakeEngine(),
+                        tasks=ScheduledTaskStream("arithmetic", cfg.env.kwargs, cfg.seed, cfg.schedule))
 
 
 def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(tmp_path: Path,

@@ -77,7 +77,7 @@ def engine_busy(url: str) -> bool:
         text = httpx.get(f"{url}/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return False
-    return any(float(m) > 0 for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", text, re.M))
+    return any(float(m) > 0 for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", text, re.MULTILINE))
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
@@ -100,8 +100,9 @@ def test_sync_training_restarts_a_killed_engine_and_sigterm_then_stops_it_cleanl
     """Two faults of a managed engine's run, sharing its engine starts (rollout=sync).
 
     1. The vLLM API server is SIGKILLed while step 2's episodes run on it (its EngineCore is left to the
-       run, as after a crash): the run notices, stops what is left of it, starts it again on its port,
-       loads the version it served, re-runs the cut episodes and goes on (step 2 sampled from version 1).
+       run, as after a crash): the run's rollout driver notices, stops what is left of it, starts it again
+       on its port, loads the version it served, re-queues the cut episodes and goes on (step 2 sampled
+       from version 1).
     2. ``kill PID`` during step 3: sao-train exits 143 within a minute with one line that says how to
        continue, and no process of its engine -- the restarted one, started from another thread -- is
        left. No checkpoint is written on a signal; the printed command (pointed at the shared engine)
@@ -144,8 +145,8 @@ def test_sync_training_restarts_a_killed_engine_and_sigterm_then_stops_it_cleanl
         stop(proc)
     text = log.read_text(errors="replace")
     # 1: the killed engine was restarted and given the weights the run had
-    assert "restarting the engine (restart 1 of at most 3)" in text, text[-4000:]
-    assert re.search(r"the restarted engine loads version [12] ", text), text[-4000:]
+    assert "restarting replica 0 (restart 1 of at most 3)" in text, text[-4000:]
+    assert re.search(r"replica 0, restarted, loads version [12] ", text), text[-4000:]
     assert (run / "vllm.log").read_text(errors="replace").count("Application startup complete") == 2
     rows = jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and [r["engine/weight_version"] for r in rows] == [1, 2]
