@@ -173,12 +173,16 @@ def test_the_probe_scores_every_sequence_in_one_forward_as_it_would_one_by_one(t
     recent = [types.SimpleNamespace(token_ids=tuple(x), action_mask=m) for x, m in
               ((seqs[1], (0, 0, 0, 0, 1, 1, 1, 1)), (seqs[2], (0, 0, 1, 1, 1)))]
     metrics = asyncio.run(sync._probe(model, recent))
+    # The learner's side is one padded forward of every probe row, the engine's above one forward per row:
+    # the same fp32 model, but batched and single matmuls round differently, so a position's log-probs can
+    # differ by a few 1e-4 (0.10028 seen for the max, 2026-12-04) besides the 0.1 put in. 2e-3 still tells
+    # the 0.1 offsets, and where they are, from anything else.
     # fixed probe (5 tokens, 4 log-probs): positions 2 and 3 are off by 0.1 -> mean 0.05
-    assert metrics["sync/probe_gap"] == pytest.approx(0.05, abs=1e-4)
+    assert metrics["sync/probe_gap"] == pytest.approx(0.05, abs=2e-3)
     # action tokens: row 1's tokens 4..7 (log-prob positions 3..6, all off), row 2's tokens 2..4 (1..3: 2 off)
-    assert metrics["sync/action_probe_gap"] == pytest.approx((4 * 0.1 + 2 * 0.1) / 7, abs=1e-4)
+    assert metrics["sync/action_probe_gap"] == pytest.approx((4 * 0.1 + 2 * 0.1) / 7, abs=2e-3)
     assert metrics["sync/action_probe_gap_master"] > 0  # the master is not on the bf16 grid
-    assert metrics["sync/probe_gap_max"] == pytest.approx(0.1, abs=1e-4)
+    assert metrics["sync/probe_gap_max"] == pytest.approx(0.1, abs=2e-3)
 
 
 # --------------------------------------------------------------------------- against the real vLLM
