@@ -76,8 +76,9 @@ _pinned: dict[str, object] = {}  # this worker's cores before pinning, and wheth
 _worker_log: dict[str, float] = {"started": time.monotonic(), "machine_s": 0.0, "tests": 0.0}
 
 
-def _timeline_dir() -> Path | None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+def _timeline_dir(run: str | None = None) -> Path | None:
+    """Where the workers of run ``run`` (default: this worker's) record their figures."""
+    run = run or os.environ.get("PYTEST_XDIST_TESTRUNUID")
     return Path(tempfile.gettempdir()) / f"sao-tests-{run}" if run else None
 
 
@@ -120,9 +121,9 @@ def widen_when_alone() -> list[int] | None:
 
 def timeline(run: str | None) -> list[str]:
     """The workers' figures (:func:`record_finish`), one line each, and the folder removed."""
-    if not run:
+    folder = _timeline_dir(run) if run else None
+    if folder is None:
         return []
-    folder = Path(tempfile.gettempdir()) / f"sao-tests-{run}"
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("gw*.json"))] if folder.is_dir() else []
     shutil.rmtree(folder, ignore_errors=True)
     return [f"worker {r['worker']}: {r['tests']} tests, finished at {r['finished_s']:.0f} s, machine lock held "
