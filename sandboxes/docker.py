@@ -60,7 +60,7 @@ from typing import Any
 
 from .base import TIMEOUT_EXIT_CODE, ExecResult, OutputBuffer, SandboxLimits, timeout_marker
 from .errors import DockerUnavailableError, SandboxClosedError, SandboxError, SandboxStartError
-from .orphans import OnceReaper, owner_label
+from .orphans import OnceReaper, list_labelled, owner_label
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +467,7 @@ def gc(label: str | None = None, client: Any = None) -> int:
     try:
         selector = LABEL_KEY if label is None else f"{LABEL_KEY}={label}"
         removed = 0
-        for container in client.containers.list(all=True, filters={"label": selector}):
+        for container in list_labelled(client, selector):
             try:
                 container.remove(force=True, v=True)
                 removed += 1

@@ -46,6 +46,16 @@ def dead_owner(owner: str | None, host: str, alive: Callable[[int], bool] = pid_
     return owner_host == host and pid.isdigit() and int(pid) > 0 and not alive(int(pid))
 
 
+def list_labelled(client: Any, selector: str) -> list[Any]:
+    """The containers (running or not) whose labels match ``selector``.
+
+    The SDK lists, then inspects each container; one removed in between (by its owner, or by another
+    process's clean-up) is skipped, not an error: without ``ignore_removed`` it raises ``NotFound``
+    and the caller's clean-up (or sandbox start) fails for a container that is already gone.
+    """
+    return client.containers.list(all=True, filters={"label": selector}, ignore_removed=True)
+
+
 def reap_orphans(client: Any, *, host: str | None = None, alive: Callable[[int], bool] = pid_alive) -> list[str]:
     """Remove the sandbox containers of ``host``'s (default: this host's) dead owners; returns their names."""
     import docker.errors
@@ -54,7 +64,7 @@ def reap_orphans(client: Any, *, host: str | None = None, alive: Callable[[int],
 
     host = socket.gethostname() if host is None else host
     removed = []
-    for container in client.containers.list(all=True, filters={"label": LABEL_KEY}):
+    for container in list_labelled(client, LABEL_KEY):
         owner = (container.labels or {}).get(OWNER_LABEL_KEY)
         if not dead_owner(owner, host, alive):
             continue

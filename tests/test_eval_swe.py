@@ -17,8 +17,9 @@ SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
 
 def _ours(client) -> list:
     from sao.sandboxes import LABEL_KEY
+    from sao.sandboxes.orphans import list_labelled
 
-    return client.containers.list(all=True, filters={"label": LABEL_KEY})
+    return list_labelled(client, LABEL_KEY)
 
 
 @pytest.mark.docker

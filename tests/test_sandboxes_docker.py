@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from sao.sandboxes.orphans import list_labelled
 from sao.sandboxes import (
     LABEL_KEY,
     DockerSandbox,
@@ -66,7 +67,7 @@ def processes(sb: DockerSandbox) -> list[str]:
 
 
 def containers(client, label: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={label}"})
+    return list_labelled(client, f"{LABEL_KEY}={label}")
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -324,6 +325,55 @@ def test_gc_cleans_up_after_a_sigkilled_parent(image, client):
     _sigkilled_child(client, label)
     assert gc(label=label, client=client) >= 1
     assert containers(client, label) == []
+
+
+def _racing_client(removes: list[str], by):  # type: ignore[no-untyped-def]
+    """A client of its own whose first container listing is followed, before the SDK inspects each
+    listed container, by the removal of ``removes`` through ``by``: another process's clean-up (or a
+    sandbox's owner closing it) landing between the SDK's list and inspect calls."""
+    import docker
+
+    racing = docker.from_env()
+    listing = racing.api.containers
+
+    def containers(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rows = listing(*args, **kwargs)
+        while removes:
+            by.containers.get(removes.pop()).remove(force=True)
+        return rows
+
+    racing.api.containers = containers
+    return racing
+
+
+def test_gc_and_the_orphan_reaper_skip_a_container_removed_between_list_and_inspect(image, client):
+    """CI saw ``NotFound`` from a listing of sandboxes while another process removed one of them; the
+    clean-up must remove what is left and not fail for what is already gone."""
+    from sao.sandboxes.docker import OWNER_LABEL_KEY
+    from sao.sandboxes.orphans import reap_orphans
+
+    label, host = f"{LABEL}-race", f"sao-race-{uuid.uuid4().hex[:8]}"  # a host no other sandbox claims
+    try:
+        gone, left = (client.containers.create(image, "sleep infinity", labels={LABEL_KEY: f"{label}-gc"})
+                      for _ in range(2))
+        racing = _racing_client([gone.id], client)
+        try:
+            assert gc(label=f"{label}-gc", client=racing) == 1
+        finally:
+            racing.close()
+        assert containers(client, f"{label}-gc") == []
+
+        owned = {LABEL_KEY: f"{label}-orphan", OWNER_LABEL_KEY: f"{host}:1"}  # an owner on that host, dead
+        gone, left = (client.containers.create(image, "sleep infinity", labels=owned) for _ in range(2))
+        racing = _racing_client([gone.id], client)
+        try:
+            assert reap_orphans(racing, host=host, alive=lambda pid: False) == [left.name]
+        finally:
+            racing.close()
+        assert containers(client, f"{label}-orphan") == []
+    finally:
+        gc(label=f"{label}-gc", client=client)
+        gc(label=f"{label}-orphan", client=client)
 
 
 def test_the_next_process_removes_a_sigkilled_owners_containers(image, client):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from sao.sandboxes import LABEL_KEY, DockerSandbox, SandboxStartError, gc
+from sao.sandboxes.orphans import list_labelled
 from sao.sandboxes.swe_history import export_history, resolve_source
 from sao.sandboxes.swe_image import SWEImageSpec, image_tag
 from sao.sandboxes.swe_wheels import requirement_lines
@@ -162,7 +163,7 @@ def out_dir() -> Path:
 @pytest.fixture(scope="module")
 def client(docker_client):
     yield docker_client
-    left = docker_client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL}"})
+    left = list_labelled(docker_client, f"{LABEL_KEY}={LABEL}")
     gc(label=LABEL, client=docker_client)
     assert not left, f"containers left behind: {[c.name for c in left]}"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sao.sandboxes.orphans import list_labelled
 from sao.agents.records import Trajectory, TurnRecord
 from sao.rl.sources import episode_time_metrics
 
@@ -105,7 +106,7 @@ def test_sao_trains_two_steps_on_swe_local(restore_engine, docker_client, tmp_pa
             assert isinstance(t["info"]["report"], dict) and t["info"]["correct"] in (True, False)
 
         # no container left behind, and every one the run created (agents' and graders') was removed
-        assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={label}"}) == []
+        assert list_labelled(docker_client, f"{LABEL_KEY}={label}") == []
         events = list(docker_client.events(since=int(started) - 1, until=int(time.time()) + 1, decode=True,
                                            filters={"type": "container", "label": f"{LABEL_KEY}={label}"}))
         created = {e["id"] for e in events if e.get("Action") == "create"}

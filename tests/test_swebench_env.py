@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import sao.envs as E
+from sao.sandboxes.orphans import list_labelled
 from sao.envs.swe_policies import empty_policy, gold_policy, play, scripted_policy, tool_call
 from sao.envs.swebench import (
     HARNESS_FIELDS,
@@ -51,7 +52,7 @@ def client(docker_client):
 
 
 def containers(client) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL}"})
+    return list_labelled(client, f"{LABEL_KEY}={LABEL}")
 
 
 @pytest.fixture(scope="module")

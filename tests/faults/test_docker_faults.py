@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sao.sandboxes.orphans import list_labelled
 from sao.sandboxes import LABEL_KEY, SandboxLimits
 from tests.faults.procs import SAO_EVAL, count_lines, jsonl, tail
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.docker
 
 
 def ours(client) -> list:  # type: ignore[no-untyped-def]
-    return client.containers.list(all=True, filters={"label": LABEL_KEY})
+    return list_labelled(client, LABEL_KEY)
 
 
 def bash(command: str, call_id: str = "1") -> dict:
