@@ -39,8 +39,9 @@ class Client:
     def containers(self):  # type: ignore[no-untyped-def]
         return self
 
-    def list(self, all: bool, filters: dict) -> list[Container]:  # noqa: A002 - docker's signature
+    def list(self, all: bool, filters: dict, ignore_removed: bool = False) -> list[Container]:  # noqa: A002 - docker's
         assert all and filters == {"label": "io.sao.sandbox"}
+        assert ignore_removed  # a container removed between docker's list and inspect calls is no error
         self.lists += 1
         return [c for c in self.containers_ if not c.removed]
 
