@@ -144,6 +144,28 @@ def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatc
         pass
 
 
+def test_the_time_a_worker_waits_for_the_machine_lock_is_recorded(monkeypatch):
+    """The timeline's "waited for it": the time this worker's core sat idle behind another's machine tests."""
+    import tests.workers as W
+
+    run = uuid.uuid4().hex
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    monkeypatch.setattr(W, "_worker_log", {"started": 0.0, "machine_s": 0.0, "waited_s": 0.0, "tests": 0.0})
+    path = Path(tempfile.gettempdir()) / f"sao-tests-{run}.lock"
+    hold = ("import fcntl, sys, time\nwith open(sys.argv[1], 'a+') as fh:\n"
+            "    fcntl.flock(fh, fcntl.LOCK_EX)\n    print('held', flush=True)\n    time.sleep(1.5)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
+        with machine_lock():
+            pass
+        assert holder.wait(timeout=30) == 0
+        assert 0.5 < W._worker_log["waited_s"] < 30 and W._worker_log["machine_s"] < 0.5, W._worker_log
+    finally:
+        holder.kill()
+        path.unlink(missing_ok=True)
+
+
 
 def test_the_last_worker_takes_every_core_once_the_others_have_finished(monkeypatch):
     """tests/workers.py: a pinned worker widens to the cores it was pinned from when every other worker of
@@ -171,6 +193,7 @@ def test_the_last_worker_takes_every_core_once_the_others_have_finished(monkeypa
         W.record_finish()
         lines = W.timeline(run)
         assert len(lines) == 2 and lines[0].startswith("worker gw0:") and "all cores from" in lines[0]
+        assert all("machine lock held 0 s, waited for it 0 s" in line for line in lines), lines
         assert "all cores from" not in lines[1]
         assert not (Path(tempfile.gettempdir()) / f"sao-tests-{run}").exists()
     finally:

@@ -19,8 +19,9 @@ loadgroup``). Alone the suite kept less than one of the 2 cores busy on average 
   worker has finished, the one left takes all the cores for its next tests that take the machine
   (:func:`widen_when_alone`): the engine worker's last tests otherwise ran on one core of two, the other
   idle.
-- Timeline. Each worker records when it finished, how long it held the machine lock, and when it
-  took all the cores; ``scripts/test``'s summary prints it (:func:`timeline`), to say where CI's time goes.
+- Timeline. Each worker records when it finished, how long it held the machine lock and waited for
+  it (its core idle meanwhile), and when it took all the cores; ``scripts/test``'s summary prints it
+  (:func:`timeline`), to say where CI's time goes.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def pin_this_worker() -> list[int] | None:
 
 
 _pinned: dict[str, object] = {}  # this worker's cores before pinning, and whether it set vLLM's binding
-_worker_log: dict[str, float] = {"started": time.monotonic(), "machine_s": 0.0, "tests": 0.0}
+_worker_log: dict[str, float] = {"started": time.monotonic(), "machine_s": 0.0, "waited_s": 0.0, "tests": 0.0}
 
 
 def _timeline_dir(run: str | None = None) -> Path | None:
@@ -93,7 +94,8 @@ def record_finish() -> None:
         return
     folder.mkdir(exist_ok=True)
     figures = {"worker": worker, "finished_s": time.monotonic() - _worker_log["started"], "tests": int(_worker_log["tests"]),
-               "machine_s": _worker_log["machine_s"], "all_cores_from_s": _worker_log.get("widened")}
+               "machine_s": _worker_log["machine_s"], "waited_s": _worker_log.get("waited_s", 0.0),
+               "all_cores_from_s": _worker_log.get("widened")}
     (folder / f"{worker}.json").write_text(json.dumps(figures))
 
 
@@ -127,8 +129,9 @@ def timeline(run: str | None) -> list[str]:
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("gw*.json"))] if folder.is_dir() else []
     shutil.rmtree(folder, ignore_errors=True)
     return [f"worker {r['worker']}: {r['tests']} tests, finished at {r['finished_s']:.0f} s, machine lock held "
-            f"{r['machine_s']:.0f} s" + (f", all cores from {r['all_cores_from_s']:.0f} s"
-                                          if r.get("all_cores_from_s") is not None else "") for r in rows]
+            f"{r['machine_s']:.0f} s, waited for it {r.get('waited_s', 0.0):.0f} s"
+            + (f", all cores from {r['all_cores_from_s']:.0f} s" if r.get("all_cores_from_s") is not None else "")
+            for r in rows]
 
 
 def _touches_docker(path: Path, seen: dict[Path, bool]) -> bool:
@@ -205,8 +208,10 @@ def machine_lock() -> Iterator[None]:
         yield
         return
     with open(Path(tempfile.gettempdir()) / f"sao-tests-{run}.lock", "a+") as fh:
+        asked = time.monotonic()
         fcntl.flock(fh, fcntl.LOCK_EX)
         held = time.monotonic()
+        _worker_log["waited_s"] = _worker_log.get("waited_s", 0.0) + held - asked
         try:
             widen_when_alone()
             yield
