@@ -24,6 +24,7 @@ from .errors import (
 )
 from .fake import FakeSandbox, FakeSandboxFactory
 from .local import LocalSandbox, bwrap_usable
+from .orphans import list_labelled
 from .pool import SandboxPool
 from .swe_image import ImageBuild, SWEImageSpec, build_swe_image
 
@@ -31,5 +32,5 @@ __all__ = [
     "BASE_IMAGE", "LABEL_KEY", "container_slots", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
     "ExecResult", "FakeSandbox", "FakeSandboxFactory", "ImageBuild", "LocalSandbox", "Sandbox", "SandboxClosedError",
     "SWEImageSpec", "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError",
-    "build_swe_image", "bwrap_usable", "ensure_base_image", "gc",
+    "build_swe_image", "bwrap_usable", "ensure_base_image", "gc", "list_labelled",
 ]

@@ -16,8 +16,7 @@ SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
 
 
 def _ours(client) -> list:
-    from sao.sandboxes import LABEL_KEY
-    from sao.sandboxes.orphans import list_labelled
+    from sao.sandboxes import LABEL_KEY, list_labelled
 
     return list_labelled(client, LABEL_KEY)
 

@@ -18,7 +18,6 @@ import uuid
 
 import pytest
 
-from sao.sandboxes.orphans import list_labelled
 from sao.sandboxes import (
     LABEL_KEY,
     DockerSandbox,
@@ -29,6 +28,7 @@ from sao.sandboxes import (
     SandboxStartError,
     ensure_base_image,
     gc,
+    list_labelled,
 )
 from sao.sandboxes.cli import main as cli_main
 

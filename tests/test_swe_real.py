@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sao.sandboxes import LABEL_KEY, DockerSandbox, SandboxStartError, gc
-from sao.sandboxes.orphans import list_labelled
+from sao.sandboxes import LABEL_KEY, DockerSandbox, SandboxStartError, gc, list_labelled
 from sao.sandboxes.swe_history import export_history, resolve_source
 from sao.sandboxes.swe_image import SWEImageSpec, image_tag
 from sao.sandboxes.swe_wheels import requirement_lines

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from sao.sandboxes.orphans import list_labelled
 from sao.agents.records import Trajectory, TurnRecord
 from sao.rl.sources import episode_time_metrics
 
@@ -61,7 +60,7 @@ def _untrainable(t: dict) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # its sao-train took 189-195 s on a quiet machine, 587 s beside other vLLM tests (load 5-9)
 def test_sao_trains_two_steps_on_swe_local(restore_engine, docker_client, tmp_path: Path) -> None:
-    from sao.sandboxes import LABEL_KEY
+    from sao.sandboxes import LABEL_KEY, list_labelled
 
     server = restore_engine
     label = f"pytest-swe-train-{uuid.uuid4().hex[:10]}"

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 import sao.envs as E
-from sao.sandboxes.orphans import list_labelled
 from sao.envs.swe_policies import empty_policy, gold_policy, play, scripted_policy, tool_call
 from sao.envs.swebench import (
     HARNESS_FIELDS,
@@ -33,7 +32,7 @@ from sao.envs.swebench import (
     swe_local,
     swebench_image_names,
 )
-from sao.sandboxes import LABEL_KEY, gc
+from sao.sandboxes import LABEL_KEY, gc, list_labelled
 from tests.conftest import shared_file
 
 LABEL = f"pytest-swe-{uuid.uuid4().hex[:10]}"

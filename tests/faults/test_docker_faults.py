@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sao.sandboxes.orphans import list_labelled
-from sao.sandboxes import LABEL_KEY, SandboxLimits
+from sao.sandboxes import LABEL_KEY, SandboxLimits, list_labelled
 from tests.faults.procs import SAO_EVAL, count_lines, jsonl, tail
 
 pytestmark = pytest.mark.docker
