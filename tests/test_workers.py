@@ -178,7 +178,7 @@ def test_the_last_worker_takes_every_core_once_the_others_have_finished(monkeypa
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[0]))
     monkeypatch.setattr(W, "_pinned", {"cores": cores, "bind": True})
-    monkeypatch.setattr(W, "_worker_log", {"started": 0.0, "machine_s": 0.0, "tests": 0.0})
+    monkeypatch.setattr(W, "_worker_log", {"started": 0.0, "machine_s": 0.0, "waited_s": 0.0, "tests": 0.0})
     try:
         os.sched_setaffinity(0, cores[:1])
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")

@@ -94,7 +94,7 @@ def record_finish() -> None:
         return
     folder.mkdir(exist_ok=True)
     figures = {"worker": worker, "finished_s": time.monotonic() - _worker_log["started"], "tests": int(_worker_log["tests"]),
-               "machine_s": _worker_log["machine_s"], "waited_s": _worker_log.get("waited_s", 0.0),
+               "machine_s": _worker_log["machine_s"], "waited_s": _worker_log["waited_s"],
                "all_cores_from_s": _worker_log.get("widened")}
     (folder / f"{worker}.json").write_text(json.dumps(figures))
 
@@ -129,7 +129,7 @@ def timeline(run: str | None) -> list[str]:
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("gw*.json"))] if folder.is_dir() else []
     shutil.rmtree(folder, ignore_errors=True)
     return [f"worker {r['worker']}: {r['tests']} tests, finished at {r['finished_s']:.0f} s, machine lock held "
-            f"{r['machine_s']:.0f} s, waited for it {r.get('waited_s', 0.0):.0f} s"
+            f"{r['machine_s']:.0f} s, waited for it {r['waited_s']:.0f} s"
             + (f", all cores from {r['all_cores_from_s']:.0f} s" if r.get("all_cores_from_s") is not None else "")
             for r in rows]
 
@@ -211,7 +211,7 @@ def machine_lock() -> Iterator[None]:
         asked = time.monotonic()
         fcntl.flock(fh, fcntl.LOCK_EX)
         held = time.monotonic()
-        _worker_log["waited_s"] = _worker_log.get("waited_s", 0.0) + held - asked
+        _worker_log["waited_s"] += held - asked
         try:
             widen_when_alone()
             yield
