@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.parts import PartsTable
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_addoption(parser):  # type: ignore[no-untyped-def]
+    from tests.tiers import add_options
+
+    add_options(parser)
 
 
 def pytest_configure(config):  # type: ignore[no-untyped-def]
@@ -29,16 +37,47 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
 
 
 def pytest_sessionfinish(session):  # type: ignore[no-untyped-def]
+    """A worker records its timeline; the controller (or a run without xdist) fails the run under
+    ``SAO_REQUIRE_PARTS=1`` when a real part did not pass (tests/parts.py)."""
+    from tests.parts import required
     from tests.workers import record_finish
 
     record_finish()
+    if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SAO_TEST_DURATIONS"):
+        # each test's setup, call and teardown, for scripts/balance-long-tier; added to what the file
+        # holds (scripts/test's second call, the alone tests, adds to the first's)
+        import json
+
+        from tests.tiers import base_id
+
+        out = Path(os.environ["SAO_TEST_DURATIONS"])
+        known = json.loads(out.read_text()) if out.exists() else {}
+        known.update({base_id(k): round(v, 2) for k, v in _DURATIONS.items()})
+        out.write_text(json.dumps(dict(sorted(known.items())), indent=0))
+    if not os.environ.get("PYTEST_XDIST_WORKER") and required() and session.config.getoption("alone") != "only":
+        problems = _PARTS.missing()
+        if problems:
+            session.config.stash[_PARTS_FAILED] = problems
+            if session.exitstatus == 0:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    _PARTS.add(report)
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" and "long" in report.keywords:
+        _LONG_RAN.append(report.nodeid)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its --dist loadgroup)
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    from tests.parts import mark_items
+    from tests.tiers import select
     from tests.workers import assign_groups
 
+    select(config, items)  # the tier (tests/tiers.py)
     assign_groups(items)
+    mark_items(items)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock: waiting is not running
@@ -231,6 +270,10 @@ def restore_engine(vllm_server, engine_model_dir):  # type: ignore[no-untyped-de
 
 
 BAD_INPUT_TABLE = "test_bad_inputs.py::test_bad_input["
+_PARTS = PartsTable()  # every report, for the real parts' table
+_PARTS_FAILED = pytest.StashKey[list]()
+_LONG_RAN: list[str] = []
+_DURATIONS: dict[str, float] = {}  # node id -> seconds (SAO_TEST_DURATIONS)
 
 
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
@@ -247,6 +290,12 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
 
     for line in timeline(terminalreporter.config.getoption("testrunuid", None)):
         terminalreporter.write_line(line)
+    from tests.tiers import summary
+
+    for line in [*summary(terminalreporter.config, _LONG_RAN), *_PARTS.lines()]:
+        terminalreporter.write_line(line)
+    for problem in terminalreporter.config.stash.get(_PARTS_FAILED, []):
+        terminalreporter.write_line(f"real parts: FAILED (SAO_REQUIRE_PARTS=1): {problem}", red=True)
     if outcomes:
         counts = ", ".join(f"{sum(o == name for o in outcomes.values())} {name}"
                            for name in ("passed", "failed", "xfailed", "skipped") if name in outcomes.values())

@@ -112,12 +112,15 @@ def test_a_test_that_needs_the_machine_alone_is_skipped_beside_session_engines(t
     assert engine.get_closest_marker("skip") is None and quick.get_closest_marker("skip") is None
 
 
-def test_the_real_ray_run_is_marked_alone():
-    """The 2-node Ray run (16.3 GiB at its peak) runs after the suite, in scripts/test's second call."""
-    source = (Path(__file__).parent / "test_ray_cluster.py").read_text()
-    assert "pytest.mark.alone" in source and "SAO_RAY_REAL" not in source
+def test_the_real_ray_run_is_marked_alone_and_long():
+    """The 2-node Ray run (16.3 GiB at its peak) is in the long tier and runs after the rest of it, in
+    scripts/test's second call (--alone only, tests/tiers.py); the default tier does not run it."""
+    from tests import test_ray_cluster
+
+    names = {mark.name for mark in test_ray_cluster.pytestmark}
+    assert {"alone", "long"} <= names
     script = (Path(__file__).parents[1] / "scripts" / "test").read_text()
-    assert 'pytest "$@" -m alone' in script
+    assert "--alone exclude" in script and "--alone only" in script
 
 
 def test_the_machine_lock_is_held_by_one_process_of_the_run_at_a_time(monkeypatch):
