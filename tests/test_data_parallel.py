@@ -69,6 +69,7 @@ def _rank(rank: int, algo_name: str, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.part("torch.distributed")
 @pytest.mark.parametrize("algo_name", ["sao", "grpo"])
 def test_two_gloo_ranks_give_the_single_process_update(algo_name: str, tmp_path: Path) -> None:
     mp.start_processes(_rank, args=(algo_name, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,

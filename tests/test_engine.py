@@ -247,6 +247,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_to_the_parent_stops_the_server_tree(tmp_path: Path) -> None:
     proc, port, pids = _start_scripted_server(tmp_path)
     proc.send_signal(signal.SIGTERM)
@@ -256,6 +257,7 @@ def test_sigterm_to_the_parent_stops_the_server_tree(tmp_path: Path) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigkill_of_the_parent_stops_the_server_tree(tmp_path: Path) -> None:
     proc, port, pids = _start_scripted_server(tmp_path)
     proc.kill()  # no handler, no atexit: only PR_SET_PDEATHSIG is left to save us
@@ -351,6 +353,7 @@ def test_errors_carry_status_and_body(server: VLLMServer) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.part("vllm-generation")
 def test_completion_returns_token_ids_through_eos(server: VLLMServer) -> None:
     """The contract the token-in/token-out client relies on (printed for reference with -s). The EOS
     is forced (a +100 logit bias), so the test does not depend on what the model would have said:
@@ -366,6 +369,7 @@ def test_completion_returns_token_ids_through_eos(server: VLLMServer) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.part("vllm-weight-sync")
 def test_reload_weights_changes_and_restores_logprobs(server: VLLMServer, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 

@@ -22,6 +22,7 @@ def _ours(client) -> list:
 
 
 @pytest.mark.docker
+@pytest.mark.part("sao-eval", "docker")
 @pytest.mark.parametrize("agent, resolved", [("gold", "all"), ("empty", 0)])
 def test_sao_eval_swe_local_scripted_agents(docker_client, tmp_path, agent, resolved):
     out = tmp_path / agent

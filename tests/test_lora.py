@@ -87,6 +87,7 @@ def trainable(model: torch.nn.Module) -> set[str]:
 
 # ---- merged weights --------------------------------------------------------------------------------
 
+@pytest.mark.part("peft")
 def test_merged_weights_equal_peft_merge_and_unload_and_leave_the_model_alone() -> None:
     policy = lora_policy()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -141,6 +142,7 @@ def test_probe_rounds_the_merged_weights_as_the_engine_does(tmp_path: Path) -> N
 
 # ---- what trains -----------------------------------------------------------------------------------
 
+@pytest.mark.part("peft")
 def test_only_the_policy_adapters_train_and_the_optimizer_holds_state_for_them_only() -> None:
     policy = lora_policy(kick=False)
     names = trainable(policy)
@@ -285,6 +287,8 @@ LORA_LR = 2e-4  # README's recommendation; at 1e-5 a rank-8 adapter barely moves
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.part("peft", "sao-train")
 def test_sao_train_with_lora_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
     """`sao-train max_steps=3 model.lora.rank=8` on the session's vLLM: three merged syncs, the
     engine serving the adapted policy (probe gap small) and its log-probs moving."""

@@ -32,7 +32,7 @@ import pytest
 from tests.conftest import _require
 
 pytestmark = [
-    pytest.mark.vllm, pytest.mark.slow,
+    pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.part("ray", "sao-train"),
     # Alone on the machine it passed (2026-12-03: 300 s, peak 16.3 GiB used). Beside the suite's two
     # session engines (about 4.4 GB each) that peak would not fit the 24 GiB: scripts/test runs it in a
     # pytest call of its own after the suite (tests/workers.py: keep_alone_tests_alone).

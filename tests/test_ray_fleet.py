@@ -222,6 +222,8 @@ def two_nodes():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.part("ray")
 def test_learner_rank_1_is_a_ray_actor_on_another_node_that_mirrors_rank_0(two_nodes, tmp_path: Path) -> None:
     """learner.world_size=2 on cluster=ray: rank 1 runs in an actor on node1 and takes part in every
     collective of rank 0's update; the update's loss is the single-process one."""
@@ -273,6 +275,8 @@ def _wait(predicate: Any, timeout_s: float, what: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.part("ray")
 def test_replicas_spread_get_weights_through_the_object_store_and_come_back_on_the_other_node(two_nodes,
                                                                                                tmp_path: Path) -> None:
     import ray
@@ -356,6 +360,8 @@ class NodeControl:
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.part("ray")
 def test_async_training_survives_a_node_removed_mid_run(two_nodes, tmp_path: Path) -> None:
     """The real driver, scheduler and trainer over two Ray replicas serving scripted answers; the
     node under one replica is removed after step 1: it comes back on the head, lost 0, staleness <= k."""

@@ -20,7 +20,7 @@ from sao.evals.engines import measured, open_engines
 from sao.evals.runner import EvalConfig, plan, run_pairs
 from tests.conftest import _require
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long]
 
 
 def _group_alive(pid: int) -> bool:

@@ -33,6 +33,7 @@ from sao.sandboxes import (
 from sao.sandboxes.cli import main as cli_main
 
 LABEL = f"pytest-{uuid.uuid4().hex[:10]}"
+pytestmark = pytest.mark.part("docker")  # every test here runs on the real daemon
 
 
 @pytest.fixture(scope="module")

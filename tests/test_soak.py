@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.vllm
 @pytest.mark.docker
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_soak_two_minutes_leaves_nothing_behind(tmp_path: Path, smollm2_dir: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "soak"

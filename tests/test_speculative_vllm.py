@@ -29,7 +29,7 @@ from sao.agents.speculative import SpeculativeConfig
 from sao.envs.arithmetic import ArithmeticTasks
 from tests.conftest import ENGINE_DTYPE, _require
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long]
 
 TASKS = 2  # episodes run one at a time on 2 cores: decoding is this test's cost (4 tasks: 334 s of CI's setup)
 SAMPLES = 2  # the second sample of a task can draft from the first one's response (the global tree)

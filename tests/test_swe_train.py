@@ -58,6 +58,7 @@ def _untrainable(t: dict) -> bool:
 @pytest.mark.docker
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1500)  # its sao-train took 189-195 s on a quiet machine, 587 s beside other vLLM tests (load 5-9)
 def test_sao_trains_two_steps_on_swe_local(restore_engine, docker_client, tmp_path: Path) -> None:
     from sao.sandboxes import LABEL_KEY, list_labelled

@@ -188,6 +188,7 @@ def test_the_probe_scores_every_sequence_in_one_forward_as_it_would_one_by_one(t
 # --------------------------------------------------------------------------- against the real vLLM
 
 @pytest.mark.vllm
+@pytest.mark.part("vllm-weight-sync")
 def test_weight_sync_into_vllm(restore_engine: VLLMServer, smollm2_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -112,6 +112,7 @@ def _preemptions(root_url: str) -> float:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.part("vllm-token-route")
 def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engine(restore_engine):
     """The session's vLLM (served with the token route): the project's client gets whole-number runs from
     it, and a prompt over the context is a ContextOverflowError as on ``/v1/completions``; a long request

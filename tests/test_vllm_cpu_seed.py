@@ -79,6 +79,7 @@ def _prompt() -> str:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_seeded_request_survives_chunked_prefill_with_the_same_tokens(smollm2_dir: Path, tmp_path: Path) -> None:
     import httpx

@@ -48,6 +48,7 @@ def _check_outputs(out: Path, n_tasks: int, samples: int) -> dict:
 # tests/faults/test_eval_faults.py, whose run starts its own engine (and a second one after the kill).
 
 
+@pytest.mark.part("sao-eval")
 def test_sao_eval_imo_answerbench_from_local_csv(vllm_server, tmp_path):
     out = tmp_path / "imo"
     proc = subprocess.run([SAO_EVAL, "imo-answerbench", "--data", str(shared_file("answerbench_v2.csv")), "--limit",
@@ -58,6 +59,7 @@ def test_sao_eval_imo_answerbench_from_local_csv(vllm_server, tmp_path):
     _check_outputs(out, 4, 1)
 
 
+@pytest.mark.long
 def test_resume_after_kill_loses_and_duplicates_nothing(vllm_server, tmp_path):
     out = tmp_path / "killed"
     args = [SAO_EVAL, "arithmetic", "--limit", "12", "--samples", "2", "--max-tokens", "48", "--concurrency", "2",
@@ -91,6 +93,7 @@ class _Recording:
         return completion
 
 
+@pytest.mark.part("vllm-generation")
 def test_multi_turn_tokens_and_logprobs_match_the_server_and_the_model(vllm_server, smollm2_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,6 +134,7 @@ def test_multi_turn_tokens_and_logprobs_match_the_server_and_the_model(vllm_serv
 
 
 @pytest.mark.docker
+@pytest.mark.long
 def test_smollm2_agent_on_a_local_swe_task_is_run_and_graded(vllm_server, tmp_path):
     """The whole SWE path with the real model: tools, container, diff, fresh grading container, swebench.
 

@@ -22,7 +22,7 @@ import pytest
 from sao.sandboxes import LABEL_KEY, SandboxLimits, list_labelled
 from tests.faults.procs import SAO_EVAL, count_lines, jsonl, tail
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.long]
 
 
 def ours(client) -> list:  # type: ignore[no-untyped-def]

@@ -30,6 +30,8 @@ from tests.test_vllm_integration import _check_outputs as check_outputs
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.part("sao-eval")
 def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_path: Path) -> None:
     require_vllm()
     out = tmp_path / "run"

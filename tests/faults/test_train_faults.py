@@ -46,7 +46,7 @@ from tests.faults.procs import (
 )
 from tests.test_engine import require_vllm
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.part("sao-train")]
 
 STEPS = 3
 TINY = ["algo=grpo", "batch_size=4", "eval.enabled=false", "env.max_tokens=32",
