@@ -10,6 +10,10 @@ are built into ``$SAO_SWE_REAL_DIR`` (default ~/.cache/sao/swe-real) and cached 
 tag: the first build takes a few minutes (the images, then the before/after test runs), later ones
 about a second. Grading runs each instance's tests twice (gold, tests-only patch): about 5 minutes
 on 2 cores, most of it pydata__xarray-6744's 1,670 rolling tests.
+
+Tiers (tests/tiers.py): the default tier builds and grades one instance (:data:`ONE`, psf/requests:
+gold resolves, an empty patch resolves none); every instance, and the checks on their images and
+histories, are in the long tier.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tests.swe_real import build as swe_real
 
 LABEL = f"pytest-swe-real-{uuid.uuid4().hex[:10]}"
 REQUIRE_ENV = "SAO_REQUIRE_SWE_REAL"
+ONE = "psf__requests-5414"  # the default tier's instance: a small image, its tests take seconds
 OUT_ENV = "SAO_SWE_REAL_DIR"
 
 
@@ -167,30 +172,58 @@ def client(docker_client):
     assert not left, f"containers left behind: {[c.name for c in left]}"
 
 
-@pytest.fixture(scope="module")
-def built(client):
+def _build(client, out: Path, only: list[str] | None = None):  # type: ignore[no-untyped-def]
     from sao.sandboxes import ensure_base_image
 
     ensure_base_image(client)
     try:
-        return swe_real.build(out_dir(), label=LABEL, client=client)
+        return swe_real.build(out, only=only, label=LABEL, client=client)
     except swe_real.MissingInput as exc:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"the genuine SWE-bench instances are required here ({REQUIRE_ENV}=1): {exc}")
         pytest.skip(f"{exc}; {REQUIRE_ENV}=1 makes this a failure")
 
 
-@pytest.fixture(scope="module")
-def instances(built):
+def _instances(out: Path) -> list:
     from sao.envs.swebench import load_image_map, load_instances
 
-    found = load_instances(out_dir() / "instances.jsonl")
-    images = load_image_map(out_dir() / "images.json")
+    found = load_instances(out / "instances.jsonl")
+    images = load_image_map(out / "images.json")
     assert sorted(images) == sorted(i.instance_id for i in found)
     return [(inst, images[inst.instance_id]) for inst in found]
 
 
+@pytest.fixture(scope="module")
+def built(client):
+    return _build(client, out_dir())
+
+
+@pytest.fixture(scope="module")
+def instances(built):
+    return _instances(out_dir())
+
+
 @pytest.mark.docker
+@pytest.mark.part("swebench")
+def test_one_genuine_instance_gold_resolves_and_an_empty_patch_does_not(client):
+    """The default tier's genuine instance (its own output folder, so that the long tier's full build and
+    this one never write each other's files): swebench's eval script and log parser, in the project's
+    grading container, on the real upstream code and tests."""
+    out = out_dir() / "one"
+    _build(client, out, only=[ONE])
+    [(inst, image)] = _instances(out)
+    assert inst.instance_id == ONE and inst.fail_to_pass and inst.pass_to_pass
+    gold = grade(inst, inst.patch, image)
+    assert gold.error is None, (gold.error, gold.log[-3000:])
+    assert gold.resolved and gold.report["status"] == "resolved", gold.report.get("tests_status")
+    assert sorted(gold.report["tests_status"]["FAIL_TO_PASS"]["success"]) == sorted(inst.fail_to_pass)
+    empty = grade(inst, "", image)
+    assert not empty.resolved and empty.error is None and empty.report["status"] == "empty_patch"
+
+
+@pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 def test_the_instances_are_genuine_and_complete(built, instances):
     repos = {inst.repo for inst, _ in instances}
     assert len(instances) >= 3 and len(repos) >= 2 and "pydata/xarray" in repos  # xarray uses setuptools_scm
@@ -205,6 +238,8 @@ def test_the_instances_are_genuine_and_complete(built, instances):
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 def test_a_second_build_is_a_no_op(built, client):
     again = swe_real.build(out_dir(), label=LABEL, client=client)
     assert [b.image.tag for b in again] == [b.image.tag for b in built]
@@ -213,6 +248,8 @@ def test_a_second_build_is_a_no_op(built, client):
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 def test_the_images_hold_the_history_up_to_the_base_commit(instances, client):
     for inst, image in instances:
         with DockerSandbox(image, label=LABEL, client=client, workdir="/testbed") as sb:
@@ -243,6 +280,8 @@ def gold(instances):
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 @pytest.mark.slow
 def test_gold_resolves_every_instance(gold):
     for iid, (_, r) in gold.items():
@@ -251,6 +290,8 @@ def test_gold_resolves_every_instance(gold):
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 @pytest.mark.slow
 def test_grading_installs_the_version_setuptools_scm_computes_in_the_image(gold, instances, client):
     # swebench's eval script re-runs `pip install -e .`; setuptools_scm then reads the version from the
@@ -271,6 +312,8 @@ def test_grading_installs_the_version_setuptools_scm_computes_in_the_image(gold,
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 def test_an_empty_patch_resolves_none(instances):
     for inst, image in instances:
         r = grade(inst, "", image)
@@ -278,6 +321,8 @@ def test_an_empty_patch_resolves_none(instances):
 
 
 @pytest.mark.docker
+@pytest.mark.long
+@pytest.mark.part("swebench")
 @pytest.mark.slow
 def test_a_patch_that_only_edits_the_tests_resolves_none(instances):
     # The upstream test changes themselves, sent as the fix: the grader resets those files and applies

@@ -59,6 +59,8 @@ def policy_delta(checkpoint: Path, base_dir: Path) -> float:
     return max(float((trained[k] - base[k]).abs().max()) for k in trained)
 
 
+@pytest.mark.long
+@pytest.mark.part("sao-train")
 def test_sao_and_grpo_two_steps_each_with_exact_resume(restore_engine, smollm2_dir: Path, tmp_path: Path) -> None:
     from sao.rl.build import run_training
 
@@ -121,6 +123,8 @@ def test_sao_and_grpo_two_steps_each_with_exact_resume(restore_engine, smollm2_d
         shutil.rmtree(tmp_path, ignore_errors=True)  # checkpoints are ~3 GB per SAO step
 
 
+@pytest.mark.long
+@pytest.mark.part("sao-train")
 def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
     server = restore_engine
     exe = Path(sys.executable).with_name("sao-train")
@@ -164,9 +168,11 @@ def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.part("sao-train")
 def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Path) -> None:
-    """The README's main job, shortened: `sao-train` with the default configuration starts its own
-    vLLM, trains, and stops it (its log stays in the run folder)."""
+    """The README's main job, shortened to 2 policy steps: `sao-train` with the default configuration
+    starts its own vLLM, pretrains the critic, trains and syncs the weights into the engine twice,
+    evaluates before and after, and stops the engine (its log stays in the run folder)."""
     import psutil
 
     exe = Path(sys.executable).with_name("sao-train")
@@ -186,7 +192,7 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
     proc = None
     try:
         with (tmp_path / "out").open("w") as stdout, (tmp_path / "err").open("w") as stderr:  # no pipe to fill
-            proc = subprocess.Popen([str(exe), "max_steps=1", f"output_dir={run_dir}", "batch_size=2",
+            proc = subprocess.Popen([str(exe), "max_steps=2", f"output_dir={run_dir}", "batch_size=2",
                                      "value_pretrain_steps=1", "env.max_tokens=32", "engine.kv_cache_gib=1",
                                      "keep_checkpoints=1", "eval.problems=8"],
                                     stdout=stdout, stderr=stderr, env={**os.environ, "SAO_TEST_OWNER": owner})
@@ -200,11 +206,13 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
         assert seen, "the run's vLLM processes were never seen (SAO_TEST_OWNER in their environment)"
         assert out.returncode == 0, out.stderr[-3000:]
         baseline, *rows = lines(run_dir / "metrics.jsonl")
-        assert len(rows) == 1 and rows[0]["engine/weight_version"] == 1 and math.isfinite(rows[0]["loss/value"])
+        assert [r["step"] for r in rows] == [1, 2] and [r["engine/weight_version"] for r in rows] == [1, 2]
+        assert all(math.isfinite(r["loss/value"]) and math.isfinite(r["loss/policy"]) for r in rows)
         # held-out accuracy before the first step and after the last, and their paired difference
         assert baseline["step"] == 0 and 0.0 <= baseline["eval/accuracy"] <= 1.0 and baseline["eval/n"] == 8
-        assert 0.0 <= rows[0]["eval/accuracy"] <= 1.0 and rows[0]["eval/delta_low"] <= rows[0]["eval/delta"]
-        assert rows[0]["eval/delta"] == pytest.approx(rows[0]["eval/accuracy"] - baseline["eval/accuracy"])
+        last = rows[-1]
+        assert 0.0 <= last["eval/accuracy"] <= 1.0 and last["eval/delta_low"] <= last["eval/delta"]
+        assert last["eval/delta"] == pytest.approx(last["eval/accuracy"] - baseline["eval/accuracy"])
         assert "held-out accuracy" in out.stderr + out.stdout
         assert (run_dir / "engine_model" / "config.json").is_file()  # the untied copy the engine started from
         assert not json.loads((run_dir / "engine_model" / "config.json").read_text())["tie_word_embeddings"]
@@ -225,6 +233,7 @@ def test_default_sao_train_with_a_managed_engine(smollm2_dir: Path, tmp_path: Pa
 # test_async_sao_survives_a_killed_replica_and_resumes, through sao-train itself.
 
 
+@pytest.mark.part("vllm-token-route")
 def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
     """rollout=pipe algo=grpo on the session's vLLM: complete groups stream to the learner, every
     trajectory is sampled by the weights it is trained at (staleness 0), nothing lost. Sampled through
@@ -256,6 +265,8 @@ def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.long
+@pytest.mark.part("sao-train")
 def test_default_run_memory_is_bounded_and_the_engine_follows_the_learner(restore_engine, tmp_path: Path) -> None:
     """The default configuration (SAO, the default batch, learning rate, precision and micro-batching),
     6 policy steps (issue 13's minimum) on the session's vLLM, in a fresh `sao-train` process as a user runs it (no
