@@ -11,15 +11,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    ".chat": ("ByteTokenizer", "ChatRenderer", "Tokenizer"),
-    ".chat_client": ("ChatClient", "OpenAIChatClient"),
-    ".client": ("CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams"),
-    ".episodes": ("EpisodeRunner", "Renderers"),
+    ".chat.rendering": ("ByteTokenizer", "ChatRenderer", "Tokenizer"),
+    ".clients.chat": ("ChatClient", "OpenAIChatClient"),
+    ".clients.completions": ("CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams"),
+    ".loop.episodes": ("EpisodeRunner", "Renderers"),
     ".errors": ("AgentError", "ContextOverflowError", "EngineError", "EngineRequestError", "EngineResponseError",
                 "EngineStartError", "EngineUnavailableError", "RenderError"),
-    ".loop": ("LoopConfig", "run_episode"),
+    ".loop.token_loop": ("LoopConfig", "run_episode"),
     ".records": ("ChatCompletion", "Completion", "RolloutMeta", "Trajectory", "TurnRecord", "VersionSpan"),
-    ".text_loop": ("run_text_episode",),
+    ".loop.text_loop": ("run_text_episode",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

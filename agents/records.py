@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 MODES = ("tokens", "text")
 # Why a failed episode failed (Trajectory.failure): the machinery (engine, container, OS; running it
 # again may succeed) or the environment's own code (it raised, or broke Gymnasium's return contract;
-# it would fail the same way again). See sao.agents.env_calls.
+# it would fail the same way again). See sao.agents.loop.env_calls.
 INFRA_ERROR, ENV_ERROR = "infra_error", "env_error"
 FAILURES = (INFRA_ERROR, ENV_ERROR)
 
@@ -50,7 +50,7 @@ class VersionSpan:
 # The policy version of every sampled token of a model call, run-length encoded: ((version, tokens), ...)
 # in token order (AReaL's per-token ``output_versions``). A weight update that lands mid-request (the
 # engine paused in "keep" mode, its requests preempted and continued on the new weights) splits a turn
-# into two runs. vLLM's token route reports them (``weight_versions`` spans); see sao.agents.generate.
+# into two runs. vLLM's token route reports them (``weight_versions`` spans); see sao.agents.clients.generate.
 VersionRuns = tuple[tuple[int, int], ...]
 
 

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 import sao.envs as E
 from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, run_episode
-from sao.agents.endpoint import open_endpoint
+from sao.agents.clients.endpoint import open_endpoint
 from sao.envs.arithmetic import ArithmeticTasks
 
 

@@ -8,7 +8,7 @@ front-end; on 2 cores that is core 0 alone); any other value is passed as
 ``VLLM_CPU_OMP_THREADS_BIND``. Each engine gets a warm-up, then 8 concurrent requests of 64 tokens
 twice and 64 concurrent requests once (``ignore_eos``, so every request decodes its 64 tokens).
 Repeat a binding (``auto,0-1,auto``) to see how much the machine drifted during the run. Prints the
-start time and the tokens/s; behind :func:`sao.agents.fleet.cpu_share`'s choice for one replica.
+start time and the tokens/s; behind :func:`sao.agents.engine.fleet.cpu_share`'s choice for one replica.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
-    from sao.agents.model import ensure_model
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+    from sao.agents.models.prepare import ensure_model
 
     path = ensure_model(args.model)
     table = Table(title=f"one vLLM, {args.model} ({args.dtype}): decode tokens/s by core binding")

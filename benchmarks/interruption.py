@@ -44,11 +44,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
-from sao.agents.engine_metrics import counter_total, metric_totals
-from sao.agents.generate import generate_base_url
+from sao.agents.clients.generate import generate_base_url
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.metrics import counter_total, metric_totals
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 from sao.agents.interrupts import sigterm_as_interrupt
-from sao.agents.model import ensure_model
+from sao.agents.models.prepare import ensure_model
 from sao.rl.weight_load import load_weights
 
 TOPICS = ("a lighthouse keeper", "a river town", "a lost map", "an old clock", "a winter garden", "a night train",

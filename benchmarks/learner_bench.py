@@ -22,7 +22,7 @@ def build(cfg: Any) -> tuple[Any, Any]:
     """(algorithm, learner) for ``cfg``, with the bundled model, as rl/build.py makes them."""
     import torch
 
-    from sao.agents.model import ensure_model
+    from sao.agents.models.prepare import ensure_model
     from sao.rl.algos import make_algorithm
     from sao.rl.build import make_learner
 

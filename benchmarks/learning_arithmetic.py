@@ -353,7 +353,7 @@ def run_job(job: Job, base_url: str, deadline: float, console: Console) -> None:
 def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None:
     """Start ``--engines`` managed vLLMs (the main thread, one after another), then train the jobs
     in order, one per engine at a time."""
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
     from sao.rl.export import export_model
 
     base = compose_base(args.set)

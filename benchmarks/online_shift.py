@@ -93,8 +93,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
-    from sao.agents.model import ensure_model
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+    from sao.agents.models.prepare import ensure_model
     from sao.rl.build import run_training
     from sao.rl.report import draw, online_summary, read_run
 

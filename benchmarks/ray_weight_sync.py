@@ -63,8 +63,9 @@ def main() -> None:
 
     import ray
     import torch
-    from sao.agents.engine import EngineClient, VLLMServerConfig
-    from sao.agents.model import ensure_model
+    from sao.agents.engine.control import EngineClient
+    from sao.agents.engine.server import VLLMServerConfig
+    from sao.agents.models.prepare import ensure_model
     from sao.rl.config import ClusterConfig
     from sao.rl.following import FollowingControl
     from sao.rl.ray_engine import FakeLaunch, VLLMLaunch

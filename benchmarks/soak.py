@@ -228,8 +228,8 @@ def leaked_processes(seen: dict[int, float]) -> list[str]:
 
 
 def episodes_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
-    from sao.agents.model import resolve_model
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+    from sao.agents.models.prepare import resolve_model
 
     model = resolve_model("smollm2-135m")
     config = VLLMServerConfig(model=model, served_model_name="smollm2-135m", log_path=out / "vllm.log",

@@ -26,9 +26,9 @@
 
 Targets (issue 11): suffix >= 1.5x at concurrency 1; load-aware >= 0.95x of plain at every level;
 cache-aware >= 1.2x round-robin at high load.
-The third arm, ``load_aware``, is the engine that calibration gives (``sao.agents.speculative.load_aware``):
+The third arm, ``load_aware``, is the engine that calibration gives (``sao.agents.engine.speculative.load_aware``):
 a suffix engine drafting while at most the threshold's requests run and none above, vLLM 0.32's
-per-batch-size schedule that ``sao.agents.vllm_plugin`` makes the suffix proposer honour; or, when suffix
+per-batch-size schedule that ``sao.agents.engine.vllm_plugins.suffix_step_length`` makes the suffix proposer honour; or, when suffix
 never won, a plain engine (a suffix engine drafting nothing ran at 0.73x to 0.85x of plain). It replays the
 same requests; its ratio to ``off`` at every level is the load-aware target. The setting is printed as
 ``sao-eval`` takes it (``--speculative``, ``--spec-schedule``; ``engine.spec_schedule`` for sao-train).
@@ -50,10 +50,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from sao.agents.engine import VLLMServer, VLLMServerConfig
-from sao.agents.engine_metrics import EngineMetrics, read_metrics
-from sao.agents.model import ensure_model
-from sao.agents.speculative import SpeculativeConfig, load_aware, schedule_flag
+from sao.agents.engine.metrics import EngineMetrics, read_metrics
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+from sao.agents.engine.speculative import SpeculativeConfig, load_aware, schedule_flag
+from sao.agents.models.prepare import ensure_model
 from war_traces import TRACE_ENVS, Request, load, record, save
 
 MODEL = "smollm2-135m"
@@ -244,7 +244,7 @@ def routing_arms(args: argparse.Namespace, model: str, requests: list[Request], 
     """Part 2 (:mod:`war_routing`): 2 replicas, cache-aware against round-robin, the same episodes."""
     from war_routing import TARGET, episodes_of, routing_rows, run_routing
 
-    from sao.agents.fleet import cpu_share
+    from sao.agents.engine.fleet import cpu_share
 
     episodes = episodes_of(requests)
     warm, chosen = episodes[:8], episodes[8:8 + args.route_episodes]

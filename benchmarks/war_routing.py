@@ -3,7 +3,7 @@
 The recorded requests of ``war.py`` are grouped back into their episodes (a request's seed is
 1000 x episode + turn). Each arm replays the same episodes at high load (``concurrency`` episodes in
 flight over the two replicas), every turn after the previous one of its episode has come back, through
-the project's :class:`~sao.agents.routing_client.RoutingClient` with the arm's router. Between arms both
+the project's :class:`~sao.agents.routing.client.RoutingClient` with the arm's router. Between arms both
 prefix caches are emptied (``POST /reset_prefix_cache``), so neither arm finds what the other left.
 
 A later turn's prompt is the recorded one: the previous turn's prompt, the *recorded* answer and the
@@ -25,12 +25,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sao.agents.client import OpenAICompletionClient, SamplingParams
-from sao.agents.engine import EngineClient, VLLMServer
-from sao.agents.engine_meter import EngineMeter
-from sao.agents.engine_metrics import EngineMetrics
-from sao.agents.routing import make_router
-from sao.agents.routing_client import RoutedReplica, RoutingClient
+from sao.agents.clients.completions import OpenAICompletionClient, SamplingParams
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.meter import EngineMeter
+from sao.agents.engine.metrics import EngineMetrics
+from sao.agents.engine.server import VLLMServer
+from sao.agents.routing.client import RoutedReplica, RoutingClient
+from sao.agents.routing.routers import make_router
 
 ROUTERS = ("round_robin", "cache_aware")
 TARGET = 1.2

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.agents import LoopConfig, OpenAICompletionClient
-from sao.agents.episodes import EpisodeRunner, Renderers
+from sao.agents.loop.episodes import EpisodeRunner, Renderers
 from sao.envs.arithmetic import ArithmeticTasks
 
 PER_TURN = 128  # tokens a model call may generate

@@ -15,9 +15,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sao.agents import AgentError, Trajectory
-from sao.agents.engine_watch import EngineRestartsExhausted
+from sao.agents.engine.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_schedule
+from sao.agents.engine.watch import EngineRestartsExhausted
 from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_as_interrupt
-from sao.agents.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_schedule
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 

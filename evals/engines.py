@@ -1,9 +1,9 @@
 """The engines an evaluation plays on, and what they did: one endpoint or ``--replicas`` local vLLMs.
 
 :func:`open_engines` yields the endpoints (none for scripted agents and ``--grade-only``; one managed
-or external endpoint; or ``--replicas N`` managed engines, :func:`sao.agents.fleet.open_replicas`).
+or external endpoint; or ``--replicas N`` managed engines, :func:`sao.agents.engine.fleet.open_replicas`).
 :func:`measured` runs the episodes between two readings of every engine's ``/metrics``
-(:class:`~sao.agents.engine_meter.EngineMeter`, summed over the replicas; a read that fails leaves
+(:class:`~sao.agents.engine.meter.EngineMeter`, summed over the replicas; a read that fails leaves
 that replica out and never fails the run; a replica restarted mid-run counts from its restart) and
 gives what ``summary.json`` adds: under ``--speculative`` the draft acceptance, with several
 replicas the prefix-cache hit rate, the counters behind them and what the router did.
@@ -15,12 +15,12 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from sao.agents.endpoint import Endpoint, open_endpoint
-from sao.agents.engine import EngineClient
-from sao.agents.engine_meter import EngineMeter
-from sao.agents.engine_metrics import EngineMetrics
-from sao.agents.fleet import open_replicas
-from sao.agents.speculative import SpeculativeConfig
+from sao.agents.clients.endpoint import Endpoint, open_endpoint
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.fleet import open_replicas
+from sao.agents.engine.meter import EngineMeter
+from sao.agents.engine.metrics import EngineMetrics
+from sao.agents.engine.speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
     from .runner import EvalConfig

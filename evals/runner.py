@@ -17,7 +17,7 @@ Before anything starts, :func:`~.outputs.check_output` checks that every output 
 written, and a plug-in environment gets the short conformance check (one task, sampled actions,
 :func:`~sao.envs.checker.check_episode`): a broken one is refused before an engine starts.
 
-The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.endpoint`): the token
+The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.clients.endpoint`): the token
 loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no token ids, the text loop
 on the chat API (:func:`~sao.agents.run_text_episode`). Grading, pass@k, resume and the SWE outputs
 are the same in both; ``summary.json`` says which mode the episodes ran in.
@@ -45,15 +45,15 @@ from sao.agents import (
     Trajectory,
     run_text_episode,
 )
-from sao.agents.env_calls import INFRASTRUCTURE
-from sao.agents.episodes import opened, unplayed
-from sao.agents.endpoint import ENDPOINT_MODES, Endpoint
-from sao.agents.engine_watch import EngineWatch, rerun_on_death, watching
-from sao.agents.fleet import routed
+from sao.agents.clients.endpoint import ENDPOINT_MODES, Endpoint
+from sao.agents.engine.fleet import routed
+from sao.agents.engine.speculative import SpeculativeConfig
+from sao.agents.engine.watch import EngineWatch, rerun_on_death, watching
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.routing_client import RoutingClient
-from sao.agents.speculative import SpeculativeConfig
-from sao.agents.scripted import run_graded_patch, run_scripted_episode
+from sao.agents.loop.env_calls import INFRASTRUCTURE
+from sao.agents.loop.episodes import opened, unplayed
+from sao.agents.loop.scripted import run_graded_patch, run_scripted_episode
+from sao.agents.routing.client import RoutingClient
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
@@ -74,7 +74,7 @@ _IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "tempera
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
-EVAL_ROUTERS = ("cache_aware", "round_robin")  # sao.agents.routing (pinned needs a scheduler's home replica)
+EVAL_ROUTERS = ("cache_aware", "round_robin")  # sao.agents.routing.routers (pinned needs a scheduler's home replica)
 ENDLESS_DEFAULT_LIMIT = 100  # tasks evaluated from an endless source (arithmetic) when --limit is not given
 
 
@@ -100,10 +100,10 @@ class EvalConfig:
     resume: bool = False
     env_args: dict[str, Any] = field(default_factory=dict)
     grade_only: str | None = None  # predictions.jsonl (instance_id, model_patch) to grade instead of running agents
-    endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.endpoint)
+    endpoint_mode: str = "auto"  # auto | tokens | chat (see sao.agents.clients.endpoint)
     speculative: SpeculativeConfig = SpeculativeConfig()  # how the local vLLM speculates (--speculative)
-    max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine_watch), per replica
-    replicas: int = 1  # local vLLM replicas; more than one: requests placed by `router` (sao.agents.routing_client)
+    max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine.watch), per replica
+    replicas: int = 1  # local vLLM replicas; more than one: requests placed by `router` (sao.agents.routing.client)
     router: str = "cache_aware"  # cache_aware | round_robin
 
     def __post_init__(self) -> None:
@@ -255,7 +255,7 @@ async def run_pairs(
 
     With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
     Several endpoints (``--replicas``): each episode's requests are placed by ``cfg.router``
-    (:mod:`sao.agents.routing_client`), and what the routing did is returned (empty otherwise).
+    (:mod:`sao.agents.routing.client`), and what the routing did is returned (empty otherwise).
     """
     quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-eval itself (sao.agents.interrupts)
     endpoints = [] if endpoint is None else [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
@@ -310,7 +310,7 @@ async def run_pairs(
     async def one(index: int, task_id: str, sample: int, watch: EngineWatch | None) -> None:
         async with semaphore:
             # a local engine that dies is restarted; the attempts it cut are dropped and run again
-            # (several replicas: the requests it cut go to the others, sao.agents.routing_client)
+            # (several replicas: the requests it cut go to the others, sao.agents.routing.client)
             trajectory = await rerun_on_death(watch, lambda: attempt(index, task_id, sample))
             writer.write(trajectory)
             on_done(trajectory)

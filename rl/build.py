@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
-from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig
-from sao.agents.engine_meter import EngineMeter
-from sao.agents.fleet import cpu_share
-from sao.agents.generate import GenerateClient, generate_base_url
+from sao.agents.clients.generate import GenerateClient, generate_base_url
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.fleet import cpu_share
+from sao.agents.engine.meter import EngineMeter
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.model import ensure_model
+from sao.agents.models.prepare import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
 from sao.rl.config import (
@@ -41,13 +42,13 @@ from sao.rl.config import (
 from sao.rl.engine_step import StepEngineMetrics
 from sao.rl.heldout import HeldOutEval
 from sao.rl.learner import Learner, LearnerConfig
-from sao.rl.precision import resolve_bf16
 from sao.rl.memory import configure_allocator
 from sao.rl.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.precision import resolve_bf16
 from sao.rl.replica_sync import ReplicaWeightSync
-from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.schedule import ScheduledTaskStream
+from sao.rl.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 from sao.rl.torch_thread import TorchThread, pin_caller
 from sao.rl.trainer import RunFiles, Trainer, refuse_to_overwrite
 from sao.rl.value import ValueModel

@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sao.agents.speculative import SpeculativeConfig, check_schedule
+from sao.agents.engine.speculative import SpeculativeConfig, check_schedule
 from sao.rl.lr_schedule import LrSchedule
 
 
@@ -162,7 +162,7 @@ class EngineConfig:
     health_interval_s: float = 5.0
     health_failures: int = 3
     max_restarts: int = 3
-    # Speculative decoding on managed engines (sao.agents.speculative): none | suffix (SuffixDecoding,
+    # Speculative decoding on managed engines (sao.agents.engine.speculative): none | suffix (SuffixDecoding,
     # METHOD.md 3). spec_tokens: most draft tokens a step (null: vLLM's default, 24 for suffix).
     speculative: str = "none"
     spec_tokens: int | None = None

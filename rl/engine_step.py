@@ -1,6 +1,6 @@
 """The engines' share of a training step's metrics: prefix-cache hits and speculative acceptance.
 
-Each step is one :class:`~sao.agents.engine_meter.EngineMeter` window over every replica's
+Each step is one :class:`~sao.agents.engine.meter.EngineMeter` window over every replica's
 ``/metrics`` counters (from the end of the previous step's rollout to the end of this one's, so the
 windows tile the run), summed over the replicas. Keys, on every step at which at least one replica
 was read:
@@ -19,8 +19,8 @@ goes on.
 
 from __future__ import annotations
 
-from sao.agents.engine_meter import EngineMeter
-from sao.agents.engine_metrics import EngineMetrics
+from sao.agents.engine.meter import EngineMeter
+from sao.agents.engine.metrics import EngineMetrics
 
 
 def engine_step_metrics(used: EngineMetrics | None, *, speculative: bool, replicas: int) -> dict[str, float]:

@@ -14,7 +14,7 @@ def export_model(model: str, out: Path, dtype: str = "float32") -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sao.agents.model import ensure_model
+    from sao.agents.models.prepare import ensure_model
     from sao.rl.sync import export_engine_model
 
     path = ensure_model(model)

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from sao.agents.client import SamplingParams
-from sao.agents.engine import PauseMode
-from sao.agents.engine_metrics import EngineMetrics
+from sao.agents.clients.completions import SamplingParams
+from sao.agents.engine.control import PauseMode
+from sao.agents.engine.metrics import EngineMetrics
 from sao.agents.errors import EngineError, EngineUnavailableError
 from sao.agents.records import Completion
 
@@ -63,7 +63,7 @@ class CompletionInner(Closeable, Protocol):
 
 
 class FollowingClient:
-    """A :class:`~sao.agents.client.CompletionClient` on the replica's current URL (module doc).
+    """A :class:`~sao.agents.clients.completions.CompletionClient` on the replica's current URL (module doc).
     While the replica is down a request fails as an unreachable engine would."""
 
     def __init__(self, address: Callable[[], str | None], make: Callable[[str], CompletionInner]):

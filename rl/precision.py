@@ -66,7 +66,7 @@ def cpu_key() -> str:
 def cached_cpu_decision(cache_dir: Path | None = None) -> bool:
     """This machine's measured answer, measured once and cached (module doc)."""
     if cache_dir is None:
-        from sao.agents.model import sao_home
+        from sao.agents.models.prepare import sao_home
 
         cache_dir = sao_home()
     path, key = Path(cache_dir) / CACHE_FILE, cpu_key()

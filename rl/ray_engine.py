@@ -3,7 +3,7 @@
 The driver (:mod:`sao.rl.ray_replicas`) creates the actor with ``ray.remote(EngineHost)`` in the
 replica's placement-group bundle and calls :meth:`EngineHost.start`: the starting model is written
 into the replica's node-local folder (unless it lies on a shared filesystem), the managed vLLM
-(:class:`~sao.agents.engine.VLLMServer`, through :class:`VLLMLaunch`) starts there bound to the
+(:class:`~sao.agents.engine.server.VLLMServer`, through :class:`VLLMLaunch`) starts there bound to the
 node's IP, and the actor answers with a :class:`HostAddress` (URL, node id and IP, pid, log).
 :meth:`~EngineHost.receive` writes a shipped weight version next to it and returns its local path.
 
@@ -12,7 +12,7 @@ The server's process tree is tied to the actor: ``stop()`` ends it, and if the a
 PR_SET_PDEATHSIG) and shuts its engine core down. The actor is threaded (``max_concurrency`` > 1), so
 ``ping`` answers while ``start`` is still waiting for the server.
 
-:class:`FakeLaunch` serves :class:`~sao.agents.fake_server.FakeServer` instead of vLLM: the tests'
+:class:`FakeLaunch` serves :class:`~sao.agents.testing.fake_server.FakeServer` instead of vLLM: the tests'
 engine, living in the package so that Ray workers can import it.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from sao.agents.engine import VLLMServer, VLLMServerConfig
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 from sao.rl.weight_staging import FolderFiles, prune, write_folder
 from sao.sandboxes.tagged import kill_tagged
 
@@ -151,10 +151,10 @@ def remove_earlier_incarnations(folder: Path) -> list[Path]:
 
 
 class FakeHostedServer:
-    """A :class:`~sao.agents.fake_server.FakeServer` as a hosted engine (tests)."""
+    """A :class:`~sao.agents.testing.fake_server.FakeServer` as a hosted engine (tests)."""
 
     def __init__(self, responder: Callable[[dict[str, Any], str], Any] | None = None) -> None:
-        from sao.agents.fake_server import FakeServer
+        from sao.agents.testing.fake_server import FakeServer
 
         self.fake = FakeServer(responder=responder).__enter__()
 

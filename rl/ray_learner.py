@@ -49,7 +49,7 @@ class RankHost:
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
     def serve(self, rank: int, cfg: TrainConfig, model_path: str, plan: RankPlan) -> int:
-        from sao.agents.model import ensure_model
+        from sao.agents.models.prepare import ensure_model
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(name)s %(levelname)s %(message)s")
         path = model_path if Path(model_path).exists() else ensure_model(cfg.model.name)

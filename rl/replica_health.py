@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sao.agents.client import CompletionClient
+from sao.agents.clients.completions import CompletionClient
 from sao.rl.rollout import ReplicaDied, ReplicaRestarted
 from sao.rl.rollout.replicas import UNKNOWN_VERSION
 from sao.rl.weight_load import WeightControl

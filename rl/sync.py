@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sao.agents.engine import EngineClient, PauseMode
+from sao.agents.engine.control import EngineClient, PauseMode
 from sao.rl.learner import token_logprobs
 from sao.rl.lora import engine_view, has_lora, merged_state_dict, unwrap
 from sao.rl.weight_load import load_weights

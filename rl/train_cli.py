@@ -82,7 +82,7 @@ _composed = False  # set once Hydra composed a configuration and handed it to _m
 def _main(cfg: DictConfig) -> float | None:
     global _composed
     _composed = True
-    from sao.agents.engine_watch import EngineRestartsExhausted
+    from sao.agents.engine.watch import EngineRestartsExhausted
     from sao.rl.build import run_training
     from sao.rl.checkpoint import CheckpointError
     from sao.rl.trainer import TrainError

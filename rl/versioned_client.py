@@ -2,7 +2,7 @@
 
 A sync can land mid-request (``pause_mode="keep"`` lets the request continue on the new weights),
 so every turn records the replica's version when its request was sent and when it came back. An
-engine on the token route (:mod:`sao.agents.generate`) also says which version sampled each token; runs
+engine on the token route (:mod:`sao.agents.clients.generate`) also says which version sampled each token; runs
 within that span are kept (``token_versions``), and a turn that no sync touched is all one version. The
 oldest version is the trajectory's for staleness (METHOD.md 1.10).
 """
@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sao.agents import Completion, Trajectory, VersionSpan
-from sao.agents.client import SamplingParams
+from sao.agents.clients.completions import SamplingParams
 from sao.agents.records import VersionRuns
 
 if TYPE_CHECKING:

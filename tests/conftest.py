@@ -152,7 +152,7 @@ def _require(what: str, why: str) -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The prepared SmolLM2-135M-Instruct checkpoint (`sao-model prepare smollm2-135m`)."""
-    from sao.agents.model import resolve_model
+    from sao.agents.models.prepare import resolve_model
 
     try:
         return Path(resolve_model("smollm2-135m"))
@@ -187,7 +187,7 @@ def vllm_server(engine_model_dir, tmp_path_factory):
         _require("vLLM", f"it does not import ({exc})")
     import psutil
 
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     config = VLLMServerConfig(model=str(engine_model_dir), served_model_name="smollm2-135m", max_model_len=2048,
@@ -228,7 +228,7 @@ def engine_call(server, fn):  # type: ignore[no-untyped-def]
     """Run ``await fn(EngineClient)`` against ``server`` from synchronous test code."""
     import asyncio
 
-    from sao.agents.engine import EngineClient
+    from sao.agents.engine.control import EngineClient
 
     async def go():  # type: ignore[no-untyped-def]
         async with EngineClient(server.root_url) as client:

@@ -51,8 +51,8 @@ from sao.agents import (
     run_episode,
     run_text_episode,
 )
-from sao.agents.episodes import tools_of
-from sao.agents.fake_server import FakeServer, Reply
+from sao.agents.loop.episodes import tools_of
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.envs import TextEnv
 from sao.envs.arithmetic import make_task
 from sao.envs.registry import reload_plugins

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sao.agents import ByteTokenizer, ChatRenderer, Completion, RenderError
-from sao.agents.tools import assistant_message, parse_tool_calls
+from sao.agents.loop.tools import assistant_message, parse_tool_calls
 
 
 def _completion(tok, text, *, eos=True):

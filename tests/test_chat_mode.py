@@ -26,14 +26,14 @@ from sao.agents import (
     TurnRecord,
     run_text_episode,
 )
-from sao.agents.chat_client import parse_chat_completion
-from sao.agents.chat_history import NO_RESULT, api_messages
-from sao.agents.endpoint import open_endpoint
-from sao.agents.fake_server import FakeServer, Reply
-from sao.agents.probe import probe_mode
+from sao.agents.chat.history import NO_RESULT, api_messages
+from sao.agents.clients.chat import parse_chat_completion
+from sao.agents.clients.endpoint import open_endpoint
+from sao.agents.clients.probe import probe_mode
+from sao.agents.loop.text_loop import spent_tokens
+from sao.agents.loop.tools import check_native_tool_calls
 from sao.agents.store import read_trajectories
-from sao.agents.text_loop import spent_tokens
-from sao.agents.tools import check_native_tool_calls
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.envs.arithmetic import make_task
 from sao.evals.runner import EvalConfig, EvalError, evaluate
 from tests.conftest import SHARED_DATA
@@ -263,7 +263,7 @@ def no_tokenizer(monkeypatch):
     """Any tokenizer lookup or download fails the test."""
     import transformers
 
-    import sao.agents.model as model
+    import sao.agents.models.prepare as model
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"a tokenizer was looked up: {args}")

@@ -27,10 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-import sao.agents.engine as engine_mod
-from sao.agents.engine import EngineClient, VLLMServer, VLLMServerConfig, free_port
+import sao.agents.engine.server as engine_mod
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig, free_port
 from sao.agents.errors import EngineError, EngineStartError
-from sao.agents.model import is_prepared, prepare_model, resolve_model
+from sao.agents.models.prepare import is_prepared, prepare_model, resolve_model
 from tests.faults.procs import no_compile_env
 
 ALIAS = "smollm2-135m"
@@ -129,7 +130,7 @@ _FAMILY = textwrap.dedent(
 def test_stop_after_the_servers_own_death_still_ends_its_children() -> None:
     # A SIGKILLed API server leaves vLLM's EngineCore running (issue 14: about 2 minutes). The tree recorded
     # while the server lived lets stop() end them all, the one that left the process group too.
-    from sao.agents import engine
+    from sao.agents.engine import server as engine
 
     proc = subprocess.Popen([sys.executable, "-c", _FAMILY], start_new_session=True, stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
@@ -181,7 +182,7 @@ _STOP_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 
     model, port, ready = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     config = VLLMServerConfig(model=model, port=port, max_model_len=2048, kv_cache_gib=1,

@@ -13,11 +13,11 @@ import pytest
 
 import sao.envs as E
 from sao.agents import Trajectory
-from sao.agents.endpoint import Endpoint
-from sao.agents.engine_watch import EngineRestartsExhausted, EngineWatch, WatchConfig, rerun_on_death, retry_on_death
-from sao.agents.fake_server import FakeServer, Reply
+from sao.agents.clients.endpoint import Endpoint
+from sao.agents.engine.watch import EngineRestartsExhausted, EngineWatch, WatchConfig, rerun_on_death, retry_on_death
 from sao.agents.records import ENV_ERROR, INFRA_ERROR
 from sao.agents.store import TrajectoryWriter, read_trajectories
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.evals.runner import EvalConfig, run_pairs, summarize
 
 _QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from sao.agents import ChatRenderer, ByteTokenizer, LoopConfig, OpenAICompletionClient, RetryPolicy, run_episode
-from sao.agents.fake_server import FakeServer, Reply
 from sao.agents.store import read_trajectories
+from sao.agents.testing.fake_server import FakeServer, Reply
 
 SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
 

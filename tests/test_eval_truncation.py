@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from sao.agents.fake_server import FakeServer, Reply
 from sao.agents.store import read_trajectories
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.evals.runner import EvalConfig, evaluate
 
 _QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sao.agents.model import MARKER, ModelError, ensure_model, prepare_model, resolve_model
-from sao.agents.model_cli import main as model_cli
+from sao.agents.models.cli import main as model_cli
+from sao.agents.models.prepare import MARKER, ModelError, ensure_model, prepare_model, resolve_model
 
 ALIAS = "smollm2-135m"
 
@@ -42,7 +42,7 @@ def test_prepare_writes_a_checkpoint_with_marker(prepared: Path) -> None:
 def test_second_prepare_is_fast_and_imports_no_torch(prepared: Path) -> None:
     # A fresh interpreter, so that torch is not already imported by this test process.
     code = (
-        "import sys, time; t = time.time(); from sao.agents.model import prepare_model; "
+        "import sys, time; t = time.time(); from sao.agents.models.prepare import prepare_model; "
         f"p = prepare_model({ALIAS!r}); dt = time.time() - t; "
         "print(p); print(dt); print('torch' in sys.modules or 'transformers' in sys.modules)"
     )
@@ -139,7 +139,7 @@ def test_cli(prepared: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path)
 def test_concurrent_prepares_convert_once(tmp_path: Path) -> None:
     code = (
         "import logging, sys; logging.basicConfig(level=logging.INFO); "
-        "from sao.agents.model import prepare_model; "
+        "from sao.agents.models.prepare import prepare_model; "
         f"print(prepare_model({ALIAS!r}, home=sys.argv[1]))"
     )
     procs = [

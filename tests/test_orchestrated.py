@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sao.agents import ByteTokenizer, EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
-from sao.agents.fake_server import FakeServer, Reply
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.rl.algos import make_algorithm
 from sao.rl.build import learner_config
 from sao.rl.learner import Learner

@@ -1,10 +1,10 @@
-"""Unit tests of the request routers (agents/routing.py) and the simulator's prefix cache, on hand-made states."""
+"""Unit tests of the request routers (agents/routing/routers.py) and the simulator's prefix cache, on hand-made states."""
 
 from __future__ import annotations
 
 import pytest
 
-from sao.agents.routing import (
+from sao.agents.routing.routers import (
     CacheAware,
     Pinned,
     ReplicaView,
@@ -166,8 +166,8 @@ def test_placer_keeps_c1_and_never_overfills_another_replica():
 
 
 def test_cpu_replicas_get_disjoint_cores_and_a_lone_one_on_a_small_machine_all(monkeypatch):
-    import sao.agents.engine as engine
-    from sao.agents.fleet import cpu_share
+    import sao.agents.engine.server as engine
+    from sao.agents.engine.fleet import cpu_share
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(engine, "_cuda_present", lambda: False)

@@ -1,5 +1,5 @@
-"""The routing completion client over several replicas (agents/routing_client.py), the engine meter
-(agents/engine_meter.py) and ``sao-eval --replicas`` (evals/), with scripted fakes: replicas that
+"""The routing completion client over several replicas (agents/routing/client.py), the engine meter
+(agents/engine/meter.py) and ``sao-eval --replicas`` (evals/), with scripted fakes: replicas that
 answer, hang or die, ``/metrics`` that answers, fails or restarts from zero."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from sao.agents import Completion, SamplingParams
-from sao.agents.engine_meter import EngineMeter
-from sao.agents.engine_metrics import EngineMetrics, combined
-from sao.agents.engine_watch import EngineRestartsExhausted, EngineWatch, WatchConfig
+from sao.agents.engine.meter import EngineMeter
+from sao.agents.engine.metrics import EngineMetrics, combined
+from sao.agents.engine.watch import EngineRestartsExhausted, EngineWatch, WatchConfig
 from sao.agents.errors import EngineError
-from sao.agents.routing import CacheAware, RoundRobin
-from sao.agents.routing_client import RoutedReplica, RoutingClient
+from sao.agents.routing.client import RoutedReplica, RoutingClient
+from sao.agents.routing.routers import CacheAware, RoundRobin
 from sao.rl.engine_step import StepEngineMetrics, engine_step_metrics
 
 PARAMS = SamplingParams(max_tokens=4)
@@ -149,7 +149,7 @@ def test_a_failed_metrics_read_is_logged_once_and_routing_goes_on(caplog):
         await client.aclose()
         return replicas
 
-    with caplog.at_level(logging.DEBUG, logger="sao.agents.engine_meter"):
+    with caplog.at_level(logging.DEBUG, logger="sao.agents.engine.meter"):
         replicas = asyncio.run(main())
     assert sum(len(r.prompts) for r in replicas) == 10  # every request served
     assert replicas[0].reads >= 3
@@ -269,7 +269,7 @@ def test_the_meter_sums_replicas_windows_and_survives_failures_and_restarts(capl
         out.append(await meter.window())
         return out
 
-    with caplog.at_level(logging.WARNING, logger="sao.agents.engine_meter"):
+    with caplog.at_level(logging.WARNING, logger="sao.agents.engine.meter"):
         w = asyncio.run(main())
     assert w[0].prefix_cache_hit_rate == pytest.approx(0.2) and w[0].spec_acceptance == pytest.approx(0.25)
     assert (w[1].prefix_cache_hits, w[1].prefix_cache_queries) == (30, 100)
@@ -338,9 +338,9 @@ def model_tokenizer():
 
 
 def test_sao_eval_with_two_replicas_keeps_turns_sticky_sums_hits_and_survives_a_dead_replica(tmp_path, model_tokenizer):
-    from sao.agents.endpoint import Endpoint
-    from sao.agents.fake_server import FakeServer, Reply
+    from sao.agents.clients.endpoint import Endpoint
     from sao.agents.store import TrajectoryWriter, read_trajectories
+    from sao.agents.testing.fake_server import FakeServer, Reply
     from sao.evals.engines import measured
     from sao.evals.runner import EvalConfig, plan, run_pairs, summarize
     from tests.test_engine_watch import FakeEngine
@@ -400,8 +400,8 @@ def test_sao_eval_with_two_replicas_keeps_turns_sticky_sums_hits_and_survives_a_
 
 @pytest.mark.parametrize("readable", [True, False])
 def test_every_training_step_logs_the_engines_prefix_hits_and_acceptance(tmp_path, readable):
-    from sao.agents.engine import EngineClient
-    from sao.agents.fake_server import FakeServer
+    from sao.agents.engine.control import EngineClient
+    from sao.agents.testing.fake_server import FakeServer
     from tests.test_train import FakeEngine, config, lines, make_trainer, responder
 
     reads = {"n": 0}

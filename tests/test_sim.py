@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sao.agents.routing.routers import ROUTERS
 from sao.rl.rollout import SchedulerConfig, StartTrajectory
-from sao.rl.rollout.sim import SIM_MODES, Simulation, simulate
 from sao.rl.rollout.lengths import LengthStats, quantile
-from sao.agents.routing import ROUTERS
+from sao.rl.rollout.sim import SIM_MODES, Simulation, simulate
 from sao.rl.rollout.simconfig import (
     EngineConfig,
     Lognormal,

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from sao.agents.engine import VLLMServerConfig
-from sao.agents.engine_metrics import EngineMetrics, parse_metrics
-from sao.agents.speculative import SpeculativeConfig
+from sao.agents.engine.metrics import EngineMetrics, parse_metrics
+from sao.agents.engine.server import VLLMServerConfig
+from sao.agents.engine.speculative import SpeculativeConfig
 from sao.rl.config import EngineConfig
 
 # Lines as vLLM 0.32 writes them (trimmed from a real /metrics of a suffix-decoding server).
@@ -96,7 +96,7 @@ def test_eval_config_refuses_speculation_it_cannot_start(tmp_path):
 
 
 def test_a_load_aware_schedule_is_vllms_per_batch_size_schedule():
-    from sao.agents.speculative import load_aware, parse_schedule, schedule_flag
+    from sao.agents.engine.speculative import load_aware, parse_schedule, schedule_flag
 
     policy = load_aware(4, 24)
     schedule = policy.schedule
@@ -143,7 +143,7 @@ def test_the_plugin_makes_vllms_suffix_proposer_draft_the_steps_length():
     suffix = pytest.importorskip("vllm.v1.spec_decode.suffix_decoding")
     pytest.importorskip("arctic_inference.suffix_decoding")
     from arctic_inference.suffix_decoding import SuffixDecodingCache
-    from sao.agents.vllm_plugin import PATCHED, honour_step_length
+    from sao.agents.engine.vllm_plugins.suffix_step_length import PATCHED, honour_step_length
 
     def proposer(cls):  # type: ignore[no-untyped-def]
         p = cls.__new__(cls)  # its __init__ wants a whole VllmConfig; these are the fields propose reads
@@ -182,10 +182,10 @@ def test_the_plugin_makes_vllms_suffix_proposer_draft_the_steps_length():
 def test_the_plugin_is_registered_for_vllm_and_leaves_an_unknown_propose_alone():
     from importlib.metadata import entry_points
 
-    from sao.agents.vllm_plugin import honour_step_length
+    from sao.agents.engine.vllm_plugins.suffix_step_length import honour_step_length
 
     names = {e.value for e in entry_points(group="vllm.general_plugins")}
-    assert "sao.agents.vllm_plugin:register" in names, names
+    assert "sao.agents.engine.vllm_plugins.suffix_step_length:register" in names, names
 
     class Other:
         def propose(self, drafts):  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ scores both sets of trajectories with the HF model; the gap |engine log-prob - H
 action tokens must stay within 0.01 of the gap without speculation (issue 11, WAR).
 
 The speculating engine runs with a load-aware schedule, 24 draft tokens while one request runs and none
-above (vLLM's per-batch-size schedule, honoured by ``sao.agents.vllm_plugin``; without it the engine
+above (vLLM's per-batch-size schedule, honoured by ``sao.agents.engine.vllm_plugins.suffix_step_length``; without it the engine
 died at the threshold, "assert num_speculative_tokens == self.num_speculative_tokens"). The episodes
 run one at a time, so they draft; then a burst of 4 requests at once crosses the threshold: the engine
 lives, drafts (almost) nothing while several run, and drafts again for a lone request afterwards.
@@ -23,9 +23,9 @@ import pytest
 
 import sao.envs as E
 from sao.agents import ChatRenderer, LoopConfig, OpenAICompletionClient, run_episode
-from sao.agents.engine import VLLMServer, VLLMServerConfig
-from sao.agents.engine_metrics import EngineMetrics, read_metrics
-from sao.agents.speculative import SpeculativeConfig
+from sao.agents.engine.metrics import EngineMetrics, read_metrics
+from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+from sao.agents.engine.speculative import SpeculativeConfig
 from sao.envs.arithmetic import ArithmeticTasks
 from tests.conftest import ENGINE_DTYPE, _require
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from sao.agents.engine import EngineClient, VLLMServer
+from sao.agents.engine.control import EngineClient
+from sao.agents.engine.server import VLLMServer
 from sao.agents.errors import EngineError
 from sao.rl import NcclWeightSync, WeightSync, list_versions, save_checkpoint
 from sao.rl.sync import prune_versions

@@ -9,12 +9,12 @@ import asyncio
 import pytest
 
 from sao.agents import ByteTokenizer, ChatRenderer, LoopConfig, RetryPolicy, Trajectory, TurnRecord, VersionSpan
-from sao.agents.client import SamplingParams
+from sao.agents.clients.completions import SamplingParams
+from sao.agents.clients.generate import GenerateClient, generate_base_url, parse_generate, version_runs
 from sao.agents.errors import ContextOverflowError, EngineResponseError
-from sao.agents.fake_server import FakeServer, Reply
-from sao.agents.generate import GenerateClient, generate_base_url, parse_generate, version_runs
-from sao.agents.loop import run_episode
+from sao.agents.loop.token_loop import run_episode
 from sao.agents.records import Completion
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.rl.versioned_client import runs_within, turn_versions
 
 FAST = RetryPolicy(max_retries=0)
@@ -122,7 +122,7 @@ def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engi
     preemption: ``load_weights(keep_kv=True)``)."""
     import httpx
 
-    from sao.agents.engine import EngineClient
+    from sao.agents.engine.control import EngineClient
 
     server = restore_engine
     prompt = list(range(300, 340))

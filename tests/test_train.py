@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from sao.agents import ByteTokenizer, ChatRenderer, EpisodeRunner, LoopConfig, OpenAICompletionClient, RetryPolicy
-from sao.agents.fake_server import FakeServer, Reply
+from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.rl.algos import ALGORITHMS, GRPO, PPOClipLoss, ReinforceMean, make_algorithm
 from sao.rl.build import learner_config
 from sao.rl.config import (

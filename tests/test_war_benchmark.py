@@ -8,7 +8,7 @@ import argparse
 import pytest
 from rich.console import Console
 
-from sao.agents.engine_metrics import EngineMetrics
+from sao.agents.engine.metrics import EngineMetrics
 from tests.benchmark_module import load
 
 war = load("war")

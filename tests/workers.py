@@ -15,7 +15,7 @@ loadgroup``). Alone the suite kept less than one of the 2 cores busy on average 
 - Cores. Each worker computes on its own share of the cores (``sched_setaffinity``, which the engines,
   trainers and tools it starts inherit), and vLLM's OpenMP threads are bound inside that share
   (``VLLM_CPU_OMP_THREADS_BIND``). Unpinned, two workers' OpenMP threads on 2 cores wait on each
-  other, and every vLLM picks the same core by itself (sao.agents.fleet.cpu_share). Once every other
+  other, and every vLLM picks the same core by itself (sao.agents.engine.fleet.cpu_share). Once every other
   worker has finished, the one left takes all the cores for its next tests that take the machine
   (:func:`widen_when_alone`): the engine worker's last tests otherwise ran on one core of two, the other
   idle.
@@ -102,7 +102,7 @@ def record_finish() -> None:
 def widen_when_alone() -> list[int] | None:
     """When this pinned worker is the run's last, give it all the cores it was pinned from: the engines,
     trainers and tools it starts from now on inherit them (and vLLM binds its threads as
-    sao.agents.fleet.cpu_share says, once the worker's own binding is gone); torch's threads in this
+    sao.agents.engine.fleet.cpu_share says, once the worker's own binding is gone); torch's threads in this
     process follow. Returns the cores when it widened now, else None."""
     cores, folder = _pinned.get("cores"), _timeline_dir()
     if not cores or folder is None or "widened" in _worker_log or os.environ.get("SAO_TEST_WIDEN", "1") == "0":

@@ -18,7 +18,7 @@ means and which event answers it) is in :mod:`sao.rl.rollout.core`.
 Modes (:data:`MODES`): ``sync``, ``one_step_off``, ``async`` (SAO), ``multi_version`` (DORA),
 ``pipe`` (RolloutPipe).
 
-Also pure and clock-agnostic: request routing across replicas (:mod:`~sao.agents.routing`: the
+Also pure and clock-agnostic: request routing across replicas (:mod:`~sao.agents.routing.routers`: the
 :class:`Router` protocol, ``pinned``, ``round_robin`` and ``cache_aware``; WAR, METHOD.md 3) and
 the length distribution of generated, trained and dropped trajectories (:class:`LengthStats`).
 """
@@ -48,10 +48,10 @@ from sao.rl.rollout.core import (
     TrainStepDone,
     TrajectoryFinished,
 )
+from sao.agents.routing.routers import ROUTERS, CacheAware, Pinned, ReplicaView, RoundRobin, RouteRequest, Router, make_router
 from sao.rl.rollout.ledger import Ledger
 from sao.rl.rollout.lengths import LengthStats
 from sao.rl.rollout.modes import MODES, make_scheduler
-from sao.agents.routing import ROUTERS, CacheAware, Pinned, ReplicaView, RoundRobin, RouteRequest, Router, make_router
 from sao.rl.rollout.streaming import AsyncScheduler, MultiVersionScheduler
 
 __all__ = [

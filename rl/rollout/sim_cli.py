@@ -20,8 +20,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from sao.agents.routing.routers import ROUTERS
 from sao.rl.rollout.core import STALE_POLICIES, ConfigError, RolloutError
-from sao.agents.routing import ROUTERS
 from sao.rl.rollout.simconfig import SCENARIOS, scenario
 
 DEFAULT_MODES = "sync,one_step_off,async,multi_version,pipe"

@@ -1,8 +1,8 @@
 """The simulator's turn placement: per-replica prefix caches, a router, and the prefill a miss costs.
 
-:class:`TurnPlacer` is the simulator's half of routing (:mod:`sao.agents.routing` is the pure
+:class:`TurnPlacer` is the simulator's half of routing (:mod:`sao.agents.routing.routers` is the pure
 policy). Each later turn of a trajectory is a request: the placer builds a
-:class:`~sao.agents.routing.ReplicaView` of every replica that could take it, asks the router,
+:class:`~sao.agents.routing.routers.ReplicaView` of every replica that could take it, asks the router,
 and charges the recomputed prefill of whatever part of the trajectory's prefix the chosen replica
 does not hold. Turn 0 runs where the scheduler started the trajectory (its admission decision).
 
@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sao.agents.routing import Pinned, ReplicaView, RouteRequest, make_router
+from sao.agents.routing.routers import Pinned, ReplicaView, RouteRequest, make_router
 from sao.rl.rollout.simconfig import RoutingConfig
 
 

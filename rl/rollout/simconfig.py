@@ -24,8 +24,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+from sao.agents.routing.routers import ROUTERS
 from sao.rl.rollout.core import ConfigError, SchedulerConfig, unknown_name
-from sao.agents.routing import ROUTERS
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class RoutingConfig:
     """Where each later turn runs, and each replica's prefix cache (:mod:`sao.rl.rollout.sim_routing`).
 
     ``router``: ``pinned`` (every turn on the replica the scheduler admitted the trajectory on),
-    ``round_robin`` or ``cache_aware`` (:mod:`sao.agents.routing`; ``margin`` and
+    ``round_robin`` or ``cache_aware`` (:mod:`sao.agents.routing.routers`; ``margin`` and
     ``margin_per_ktoken`` are its margins). ``cache_tokens``: each replica's prefix cache, LRU by
     tokens (None: unbounded). ``flush_on_sync``: a weight load empties the replica's cache when it
     starts (what a real engine must do: cached KV was computed with the old weights; turns decoding

@@ -143,9 +143,9 @@ def fill(path: Path, leave: int = 0) -> None:
 
 
 def no_compile_env() -> dict[str, str]:
-    """This process's environment with ``SAO_VLLM_ARGS=-O0`` (agents/engine.py ``env_args``): the managed
+    """This process's environment with ``SAO_VLLM_ARGS=-O0`` (agents/engine/server.py ``env_args``): the managed
     vLLMs of a child started with it skip torch.compile. For engines started only to be stopped,
     killed or restarted, whose start it shortens."""
-    from sao.agents.engine import ENV_ARGS
+    from sao.agents.engine.server import ENV_ARGS
 
     return {**os.environ, ENV_ARGS: "-O0"}

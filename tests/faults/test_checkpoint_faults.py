@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sao.agents.fake_server import FakeServer
+from sao.agents.testing.fake_server import FakeServer
 from sao.rl.build import learner_config
 from sao.rl.checkpoint import Checkpointer, CheckpointError, TrainState
 from sao.rl.config import TrainConfig

@@ -16,7 +16,7 @@ import pytest
 
 from sao.agents import OpenAICompletionClient
 from sao.agents.errors import EngineError
-from sao.agents.fake_server import FakeServer
+from sao.agents.testing.fake_server import FakeServer
 from sao.rl.algos import make_algorithm
 from sao.rl.build import learner_config
 from sao.rl.config import validate

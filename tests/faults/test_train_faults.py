@@ -266,10 +266,10 @@ def test_async_sao_survives_a_killed_replica_and_resumes(restore_engine, smollm2
         assert json.loads((run_dir / "engines.json").read_text())[1]["pid"] != victim  # restarted
         assert (run_dir / "vllm-1.log").read_text().count("Application startup complete") == 2
         assert rows[-1]["rollout/replicas_live"] == 2
-        from sao.agents.engine import _cuda_present
+        from sao.agents.engine.server import _cuda_present
 
         if len(os.sched_getaffinity(0)) >= 2 and not _cuda_present():
-            # two CPU replicas compute on disjoint cores (sao.agents.fleet.cpu_share): vLLM alone pins both
+            # two CPU replicas compute on disjoint cores (sao.agents.engine.fleet.cpu_share): vLLM alone pins both
             # to the same one. Its log says where: "core ids=[0]"
             cores = [set(re.search(r"core ids=\[([\d, ]*)\]", (run_dir / f"vllm-{i}.log").read_text()).group(1)
                          .split(", ")) for i in range(2)]

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .errors import EngineResponseError
-from .records import Completion
+from ..errors import EngineResponseError
+from ..records import Completion
 from .transport import RetryPolicy, TransportClient, weight_version
 
 __all__ = ["CompletionClient", "OpenAICompletionClient", "RetryPolicy", "SamplingParams", "parse_completion"]

@@ -21,8 +21,8 @@ import gymnasium as gym
 from sao.envs.checker import reset_problem, step_problem
 from sao.sandboxes import SandboxError
 
-from .errors import AgentError
-from .records import ENV_ERROR, INFRA_ERROR
+from ..errors import AgentError
+from ..records import ENV_ERROR, INFRA_ERROR
 
 T = TypeVar("T")
 INFRASTRUCTURE = (SandboxError, OSError, MemoryError)  # raised inside env code, yet not the env's fault

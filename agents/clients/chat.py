@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from .client import SamplingParams
-from .errors import EngineResponseError
-from .records import ChatCompletion
+from ..errors import EngineResponseError
+from ..records import ChatCompletion
+from .completions import SamplingParams
 from .transport import TransportClient, weight_version
 
 

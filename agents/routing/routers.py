@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import AgentError
+from ..errors import AgentError
 
 
 class RouterConfigError(AgentError, ValueError):

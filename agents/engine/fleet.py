@@ -1,14 +1,14 @@
 """Several managed vLLM replicas of one model, and the routing client that spreads episodes over them.
 
-:func:`open_replicas` starts ``n`` managed engines (:class:`~sao.agents.engine.VLLMServer`: each on
+:func:`open_replicas` starts ``n`` managed engines (:class:`~sao.agents.engine.server.VLLMServer`: each on
 a free port, in its own process group), one after the other from the calling thread (the SIGTERM
 guard wants the main thread); every one is stopped when the block exits, whatever happened, and
 those already started are stopped when a later one fails to start. On a CPU-only machine each gets
 its own share of the cores, and a lone replica on a small machine all of them (:func:`cpu_share`).
 
-:func:`routed` is the :class:`~sao.agents.routing_client.RoutingClient` over such endpoints for an
+:func:`routed` is the :class:`~sao.agents.routing.client.RoutingClient` over such endpoints for an
 evaluation: one completion client and one ``/metrics`` reader per replica, and for each managed
-replica an :class:`~sao.agents.engine_watch.EngineWatch` (a dead one is restarted up to
+replica an :class:`~sao.agents.engine.watch.EngineWatch` (a dead one is restarted up to
 ``max_restarts`` times; the requests it cut go to the others meanwhile).
 """
 
@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .client import OpenAICompletionClient
-from .endpoint import Endpoint
-from .engine import EngineClient
-from .engine_watch import watching
-from .routing import make_router
-from .routing_client import RoutedReplica, RoutingClient
+from ..clients.completions import OpenAICompletionClient
+from ..clients.endpoint import Endpoint
+from ..routing.client import RoutedReplica, RoutingClient
+from ..routing.routers import make_router
+from .control import EngineClient
 from .speculative import SpeculativeConfig
+from .watch import watching
 
 
 @contextlib.contextmanager
@@ -36,8 +36,8 @@ def open_replicas(model: str, n: int, *, max_model_len: int = 4096, log_dir: Pat
     """``n`` managed endpoints of ``model`` (module doc); logs in ``log_dir/vllm-{i}.log``."""
     if n < 1:
         raise ValueError(f"replicas must be >= 1, got {n}")
-    from .engine import VLLMServer, VLLMServerConfig
-    from .model import ensure_model
+    from ..models.prepare import ensure_model
+    from .server import VLLMServer, VLLMServerConfig
 
     path = ensure_model(model)
     with contextlib.ExitStack() as stack:
@@ -70,7 +70,7 @@ def cpu_share(i: int, n: int, *, beside_learner: bool = False) -> dict[str, str]
       ``beside_learner``: a learner that trains while the engine generates (sao-train's scheduled
       rollout modes) keeps the core vLLM leaves. On a larger machine one reserved core is little,
       and vLLM's choice stands."""
-    from .engine import _cuda_present
+    from .server import _cuda_present
 
     cores = sorted(os.sched_getaffinity(0))
     if _cuda_present() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < n:
@@ -85,7 +85,7 @@ def cpu_share(i: int, n: int, *, beside_learner: bool = False) -> dict[str, str]
 async def routed(endpoints: Sequence[Endpoint], router: str, *, max_restarts: int,
                  **client_args: Any) -> AsyncIterator[RoutingClient]:
     """A :class:`RoutingClient` over ``endpoints`` with router ``router`` (module doc); ``client_args``
-    go to each replica's :class:`~sao.agents.client.OpenAICompletionClient`."""
+    go to each replica's :class:`~sao.agents.clients.completions.OpenAICompletionClient`."""
     async with contextlib.AsyncExitStack() as stack:
         replicas = []
         for e in endpoints:

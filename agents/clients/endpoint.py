@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from .errors import EngineError
+from ..engine.speculative import SpeculativeConfig
+from ..errors import EngineError
 from .probe import probe_mode
-from .speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from .engine import VLLMServer
+    from ..engine.server import VLLMServer
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ def open_endpoint(
     if mode == "chat":
         raise ValueError("chat mode is for external endpoints (give a base URL); a local vLLM runs in tokens mode")
 
-    from .engine import VLLMServer, VLLMServerConfig
-    from .model import ensure_model
+    from ..engine.server import VLLMServer, VLLMServerConfig
+    from ..models.prepare import ensure_model
 
     path = ensure_model(model)
     config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
@@ -94,7 +94,7 @@ def open_endpoint(
 
 def _tokenizer_source(name: str) -> str:
     """A local directory for ``name`` when one can be had, else ``name`` itself (an HF id)."""
-    from .model import ensure_model
+    from ..models.prepare import ensure_model
 
     try:
         return ensure_model(name)

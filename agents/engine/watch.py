@@ -33,8 +33,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from .errors import EngineError
-from .records import Trajectory
+from ..errors import EngineError
+from ..records import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 
 class ManagedEngine(Protocol):
-    """An engine the run owns (:class:`~sao.agents.engine.VLLMServer` is one)."""
+    """An engine the run owns (:class:`~sao.agents.engine.server.VLLMServer` is one)."""
 
     @property
     def running(self) -> bool: ...  # its process has not exited

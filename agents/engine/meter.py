@@ -2,7 +2,7 @@
 
 :class:`MetricsReader` reads every replica at once; :class:`EngineMeter` keeps each one's last reading. :meth:`~EngineMeter.window` reads every
 replica at once and returns the counters' growth since the previous window, summed over the
-replicas that could be read both times (:func:`~sao.agents.engine_metrics.combined`; gauges are
+replicas that could be read both times (:func:`~sao.agents.engine.metrics.combined`; gauges are
 this reading's). Training takes one window per step, ``sao-eval`` one over its episodes.
 
 Reading never fails the caller:
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Protocol
 
-from .engine_metrics import EngineMetrics, combined
+from .metrics import EngineMetrics, combined
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ which neither ``reload_weights`` nor ``reset_prefix_cache`` touches (read from i
 Load-aware switching: ``schedule`` is vLLM 0.32's per-batch-size schedule
 (``num_speculative_tokens_per_batch_size``): each step, the number of requests the engine schedules
 picks the draft length (0: none). Its suffix proposer asserted a fixed draft length, and the engine
-died as soon as a batch crossed a threshold; :mod:`sao.agents.vllm_plugin` (a vLLM general plugin
+died as soon as a batch crossed a threshold; :mod:`sao.agents.engine.vllm_plugins.suffix_step_length` (a vLLM general plugin
 this package installs) makes it honour the step's length. :func:`load_aware` builds the engine's
 setting from a calibration (benchmarks/war.py: the largest concurrency up to which suffix decoding never
 lost): a schedule, or plain decoding when it never won.

@@ -1,6 +1,6 @@
-"""JSON over HTTP to an OpenAI-compatible server, with the retries and error mapping of :mod:`.errors`.
+"""JSON over HTTP to an OpenAI-compatible server, with the retries and error mapping of :mod:`..errors`.
 
-Both clients (token completions in :mod:`.client`, chat completions in :mod:`.chat_client`) post
+Both clients (token completions in :mod:`.completions`, chat completions in :mod:`.chat`) post
 through one :class:`OpenAITransport`, so a retry or error-mapping fix lands in one place:
 
 * connection errors, timeouts, HTTP 5xx and 429 are retried with :class:`RetryPolicy`'s backoff,
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import openai
 
-from .errors import ContextOverflowError, EngineRequestError, EngineResponseError, EngineUnavailableError
+from ..errors import ContextOverflowError, EngineRequestError, EngineResponseError, EngineUnavailableError
 
 log = logging.getLogger(__name__)
 

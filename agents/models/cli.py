@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .model import MODELS, ModelError, is_prepared, model_dir, prepare_model, resolve_model, sao_home
+from .prepare import MODELS, ModelError, is_prepared, model_dir, prepare_model, resolve_model, sao_home
 
 
 def _parser() -> argparse.ArgumentParser:

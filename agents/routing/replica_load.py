@@ -4,7 +4,7 @@ Routing asks for a replica's load on every request; reading ``/metrics`` that of
 HTTP call per request. :class:`LoadBoard` keeps the latest reading of every replica and, when one
 is asked for and the readings are older than ``interval_s``, refreshes them all in the background
 (one refresh at a time) while the caller gets what it has. A replica whose read fails keeps its
-last reading (None before the first); :class:`~sao.agents.engine_meter.MetricsReader` logs it.
+last reading (None before the first); :class:`~sao.agents.engine.meter.MetricsReader` logs it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import math
 import time
 from collections.abc import Sequence
 
-from .engine_meter import MetricsReader, MetricsSource
-from .engine_metrics import EngineMetrics
+from ..engine.meter import MetricsReader, MetricsSource
+from ..engine.metrics import EngineMetrics
 
 
 class LoadBoard:

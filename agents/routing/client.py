@@ -3,13 +3,13 @@
 Each episode takes its own client, :meth:`RoutingClient.episode`, so that its requests are known as
 turns of one trajectory: turn 0 is a new trajectory, later turns carry the trajectory's id and the
 length of the context already sent. For each request the client builds a
-:class:`~sao.agents.routing.ReplicaView` per replica and asks the router
-(:mod:`sao.agents.routing`; ``cache_aware`` keeps a later turn where its previous turn ran, whose
+:class:`~sao.agents.routing.routers.ReplicaView` per replica and asks the router
+(:mod:`sao.agents.routing.routers`; ``cache_aware`` keeps a later turn where its previous turn ran, whose
 prefix cache holds its context, unless that replica is overloaded; new trajectories go to the least
 loaded replica; ``round_robin`` ignores caches):
 
 * load: running and waiting requests and KV-cache usage from the replica's ``/metrics``, read at most
-  about once a second (:class:`~sao.agents.replica_load.LoadBoard`, never one HTTP call per request),
+  about once a second (:class:`~sao.agents.routing.replica_load.LoadBoard`, never one HTTP call per request),
   and between readings the requests this client has in flight there (``running + waiting`` is
   the larger of the two);
 * locality: where the trajectory's previous turn ran, in the replica's current life (a restarted
@@ -17,11 +17,11 @@ loaded replica; ``round_robin`` ignores caches):
 * constraints: the episode's ``version`` / ``min_version`` (C1 and the staleness floor; a training
   driver sets them) against each replica's ``version``, and whether it serves now.
 
-A replica with a :class:`~sao.agents.engine_watch.EngineWatch` (a managed engine) that dies under a
+A replica with a :class:`~sao.agents.engine.watch.EngineWatch` (a managed engine) that dies under a
 request cuts it; the request is sent again, to a replica that serves (the others, or this one once
 restarted): sampling holds no state in the engine, so the episode goes on where it was. A request
 that fails on a replica that did not die fails as usual (the episode records it). With every
-replica's restarts used up, :class:`~sao.agents.engine_watch.EngineRestartsExhausted`.
+replica's restarts used up, :class:`~sao.agents.engine.watch.EngineRestartsExhausted`.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .client import CompletionClient, SamplingParams
-from .engine_meter import MetricsSource
-from .engine_metrics import EngineMetrics
-from .engine_watch import EngineRestartsExhausted, EngineWatch, died_since, until_death
-from .records import Completion
+from ..clients.completions import CompletionClient, SamplingParams
+from ..engine.meter import MetricsSource
+from ..engine.metrics import EngineMetrics
+from ..engine.watch import EngineRestartsExhausted, EngineWatch, died_since, until_death
+from ..records import Completion
 from .replica_load import LoadBoard
-from .routing import ReplicaView, Router, RouteRequest
+from .routers import ReplicaView, Router, RouteRequest
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RoutingStats:
 
 
 class EpisodeClient:
-    """One episode's :class:`~sao.agents.client.CompletionClient` over a :class:`RoutingClient`."""
+    """One episode's :class:`~sao.agents.clients.completions.CompletionClient` over a :class:`RoutingClient`."""
 
     def __init__(self, owner: RoutingClient, traj_id: int, *, version: int | None = None,
                  min_version: int | None = None, home: int | None = None):

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from sao.envs import Message
 
-from .errors import RenderError
-from .records import Completion
+from ..errors import RenderError
+from ..records import Completion
 
 _SENTINEL = "\u2063SAO-ASSISTANT-TURN\u2063"
 

@@ -3,7 +3,7 @@
 Each request to ``/v1/completions`` or ``/v1/chat/completions`` takes the next :class:`Reply` of
 the script (or asks the ``responder`` when the script is empty). A reply can answer with text,
 fail with an HTTP status, wait (to trip a client timeout), send a malformed body, or drop the
-connection. The server tokenizes with the :class:`~sao.agents.chat.ByteTokenizer` by default,
+connection. The server tokenizes with the :class:`~sao.agents.chat.rendering.ByteTokenizer` by default,
 echoes ``prompt_token_ids`` and ``token_ids`` on ``/v1/completions`` as vLLM does with
 ``return_token_ids``, and records every request it saw::
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .chat import ByteTokenizer
+from ..chat.rendering import ByteTokenizer
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ import gymnasium as gym
 
 from sao.envs import make
 
-from .chat import ChatRenderer, Tokenizer
-from .client import CompletionClient
+from ..chat.rendering import ChatRenderer, Tokenizer
+from ..clients.completions import CompletionClient
+from ..records import Trajectory
 from .env_calls import INFRASTRUCTURE, failure_of
-from .loop import LoopConfig, run_episode
-from .records import Trajectory
+from .token_loop import LoopConfig, run_episode
 
 RendererFor = Callable[[tuple[dict[str, Any], ...]], ChatRenderer]  # an environment's tools -> its renderer
 

@@ -16,13 +16,13 @@ import gymnasium as gym
 
 from sao.envs.capabilities import Policy, prediction_grader
 
+from ..records import Trajectory, jsonable
 from .env_calls import call_env, failure_of, reset_env, step_env
-from .records import Trajectory, jsonable
 
 
 async def run_scripted_episode(env: gym.Env, policy: Policy, *, env_name: str, task_id: str, sample: int = 0,
                                seed: int | None = None, max_turns: int = 50) -> Trajectory:
-    """Like :func:`~sao.agents.loop.run_episode`, with ``policy`` (the environment's code too) in place
+    """Like :func:`~sao.agents.loop.token_loop.run_episode`, with ``policy`` (the environment's code too) in place
     of the engine."""
     t0 = time.monotonic()
     transcript: list[dict[str, Any]] = []

