@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/interruption.py [--requests 32] [--concurrency 16] [--max-tokens 192]
                                                 [--every 8] [--out runs/interruption]
 
-The rollout driver loads each version into a replica with ``sao.rl.weight_load.load_weights``: pause in
+The rollout driver loads each version into a replica with ``sao.rl.weights.load.load_weights``: pause in
 vLLM's ``keep`` mode (the running requests wait), reload, relabel the version, reset the prefix cache,
 resume; the requests then continue on the new weights, and the token route
 (``POST /inference/v1/generate``) reports each output token's version. That is the partial rollout of
@@ -50,7 +50,7 @@ from sao.agents.engine.metrics import counter_total, metric_totals
 from sao.agents.engine.server import VLLMServer, VLLMServerConfig
 from sao.agents.interrupts import sigterm_as_interrupt
 from sao.agents.models.prepare import ensure_model
-from sao.rl.weight_load import load_weights
+from sao.rl.weights.load import load_weights
 
 TOPICS = ("a lighthouse keeper", "a river town", "a lost map", "an old clock", "a winter garden", "a night train",
           "a copper key", "a quiet harbor")

@@ -11,20 +11,20 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (schema and resolvers)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (schema and resolvers)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         return to_config(hydra_compose("config", overrides=overrides))
 
 
 def build(cfg: Any) -> tuple[Any, Any]:
-    """(algorithm, learner) for ``cfg``, with the bundled model, as rl/build.py makes them."""
+    """(algorithm, learner) for ``cfg``, with the bundled model, as rl/training/build.py makes them."""
     import torch
 
     from sao.agents.models.prepare import ensure_model
     from sao.rl.algos import make_algorithm
-    from sao.rl.build import make_learner
+    from sao.rl.training.build import make_learner
 
     algo = make_algorithm(cfg.algo)
     torch.manual_seed(cfg.seed)
@@ -37,7 +37,7 @@ def synthetic_batch(step: int, n: int, group: int, prompt: int, response: int, s
     import torch
 
     from sao.agents.records import Trajectory
-    from sao.rl.batch import collate
+    from sao.rl.learner.batch import collate
 
     gen = torch.Generator().manual_seed(seed * 100_003 + step)
     out = []

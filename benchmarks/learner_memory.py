@@ -8,8 +8,8 @@ algorithm's optimizers, the value model for SAO), then runs ``--steps`` updates 
 batches shaped like the default arithmetic run (``--batch`` trajectories of ``--prompt`` prompt
 tokens and 0.5-1.5 x ``--response`` sampled tokens), each followed by the weight sync's checkpoint
 write in the engine's dtype, as the trainer does: on the learner's one thread, with
-:func:`sao.rl.memory.release` after each step. Each (variant, algorithm) runs in a fresh child
-process. Variants: ``tuned`` is what the entry points do (:func:`sao.rl.memory.configure_allocator`);
+:func:`sao.rl.learner.memory.release` after each step. Each (variant, algorithm) runs in a fresh child
+process. Variants: ``tuned`` is what the entry points do (:func:`sao.rl.learner.memory.configure_allocator`);
 ``glibc-default`` skips it (what the run did before issue 13, minus the thread fix).
 
 Prints per run: RSS after steps 1, 5 and the last, the peak (VmHWM), the growth from step 5 to the
@@ -35,9 +35,9 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from learner_bench import build, compose, synthetic_batch
-    from sao.rl.memory import configure_allocator, release, rss_gb
-    from sao.rl.sync import save_checkpoint
-    from sao.rl.torch_thread import TorchThread, pin_caller
+    from sao.rl.learner.memory import configure_allocator, release, rss_gb
+    from sao.rl.learner.torch_thread import TorchThread, pin_caller
+    from sao.rl.weights.sync import save_checkpoint
 
     if args.variant == "tuned":
         configure_allocator()

@@ -62,7 +62,7 @@ def main() -> None:
     from rich.table import Table
 
     from learner_bench import build, compose, synthetic_batch
-    from sao.rl.memory import configure_allocator
+    from sao.rl.learner.memory import configure_allocator
 
     configure_allocator()
     torch.manual_seed(0)

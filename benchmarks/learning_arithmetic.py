@@ -22,7 +22,7 @@ unfinished one resumed (``resume=true``), so an interrupted benchmark continues 
 a folder made with a different configuration is refused. ``--deadline-s`` stops whatever is still
 training at that wall time and reports the evaluations made so far (marked unfinished).
 
-What is measured. sao-train evaluates held-out accuracy (``sao.rl.heldout``: the same
+What is measured. sao-train evaluates held-out accuracy (``sao.rl.training.heldout``: the same
 ``eval.problems`` test-split problems, greedy) before the first step, every ``eval.every`` steps
 and at the last step; x is the trajectories seen at that point (critic batches included).
 
@@ -35,7 +35,7 @@ and at the last step; x is the trajectories seen at that point (critic batches i
   init of the critic, sampled rollouts, problem order) is the larger noise in RL; each seed's
   delta already carries its problems' sampling noise, so the t-interval covers both. With 3
   seeds it is wide (t = 4.30). Beside it, the *pooled paired* interval: the paired differences of
-  every seed's problems taken as one sample (``sao.rl.heldout.paired_difference``); it is
+  every seed's problems taken as one sample (``sao.rl.training.heldout.paired_difference``); it is
   narrower but treats seeds as interchangeable and, when the held-out sets of different seeds
   overlap (a small problem space: 1-digit arithmetic has about 80 distinct test problems, the
   same for every seed), counts the same problem more than once, so it understates. With one
@@ -72,7 +72,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sao.rl.heldout import Interval, load_results, paired_difference, wilson_interval
+from sao.rl.training.heldout import Interval, load_results, paired_difference, wilson_interval
 
 log = logging.getLogger("learning_arithmetic")
 
@@ -226,8 +226,8 @@ def interval_json(i: Interval) -> dict[str, float | None]:
 def compose_base(sets: Sequence[str], extra: Sequence[str] = ()):  # type: ignore[no-untyped-def]
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (schema + resolvers)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (schema + resolvers)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         return to_config(compose("config", overrides=[*sets, *extra]))
@@ -294,7 +294,7 @@ def check_folder(run_dir: Path, cfg: Any) -> str:
 def _train(cfg: Any, run_dir: str) -> None:  # in a fresh process (spawn)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from sao.rl.build import run_training
+    from sao.rl.training.build import run_training
 
     run_training(cfg, Path(run_dir))
 
@@ -354,7 +354,7 @@ def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None
     """Start ``--engines`` managed vLLMs (the main thread, one after another), then train the jobs
     in order, one per engine at a time."""
     from sao.agents.engine.server import VLLMServer, VLLMServerConfig
-    from sao.rl.export import export_model
+    from sao.rl.weights.export import export_model
 
     base = compose_base(args.set)
     deadline = time.monotonic() + (args.deadline_s or math.inf)
@@ -364,7 +364,7 @@ def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None
     servers: list[VLLMServer] = []
     pending = [j for j in jobs if check_folder(j.run_dir, j.cfg) != "finished"]
     try:
-        # the engines serve an untied copy (sao.rl.sync: a tied head never takes a weight sync;
+        # the engines serve an untied copy (sao.rl.weights.sync: a tied head never takes a weight sync;
         # sao-train refuses an external engine that ties it)
         served = export_model(base.model.name, args.out / "engine_model", base.model.engine_dtype) if pending else None
         for i in range(min(args.engines, len(pending))):
@@ -567,7 +567,7 @@ def report(jobs: list[Job], args: argparse.Namespace, wall: float, console: Cons
 
     draw_heldout(by_arm, args.out / "heldout.png")
     try:
-        from sao.rl.report import draw
+        from sao.rl.training.report import draw
 
         dirs = [r.job.run_dir for label, runs in by_arm.items() if label != "sao+lora" for r in runs]
         if dirs:

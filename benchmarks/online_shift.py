@@ -10,8 +10,8 @@ Every ``--eval-every`` steps each family seen so far is probed on fixed prompts 
 
 Prints, per algorithm: the per-family training reward per phase, the adaptation lag after each
 shift (steps until the step reward regains 80% of its mean over the ``--pre-window`` steps before
-the shift; sao.rl.schedule.adaptation_lag) and the forgetting of earlier families (best trained
-reward minus the latest probe; sao.rl.schedule.forgetting). Draws ``OUT/curves.png`` with
+the shift; sao.rl.prompts.curriculum.adaptation_lag) and the forgetting of earlier families (best trained
+reward minus the latest probe; sao.rl.prompts.curriculum.forgetting). Draws ``OUT/curves.png`` with
 sao-report (per-family reward panels, phase shifts marked). A finished run folder is reused, so an
 interrupted benchmark can be rerun. Sized for about 60 minutes on 2 cores with the defaults.
 """
@@ -33,8 +33,8 @@ from rich.table import Table
 def build_config(algo: str, args: argparse.Namespace, base_url: str):  # type: ignore[no-untyped-def]
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (schema + resolver)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (schema + resolver)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=[f"algo={algo}", f"seed={args.seed}", "schedule=phases"]))
@@ -95,8 +95,8 @@ def main() -> int:
 
     from sao.agents.engine.server import VLLMServer, VLLMServerConfig
     from sao.agents.models.prepare import ensure_model
-    from sao.rl.build import run_training
-    from sao.rl.report import draw, online_summary, read_run
+    from sao.rl.training.build import run_training
+    from sao.rl.training.report import draw, online_summary, read_run
 
     algos = args.algos.split(",")
     families, steps = args.families.split(","), [int(s) for s in args.steps.split(",")]

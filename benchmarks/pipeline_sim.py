@@ -28,9 +28,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sao.rl.rollout.compare import comparisons, grid_json, render, run_grid
-from sao.rl.rollout.sim import simulate
-from sao.rl.rollout.simconfig import SCENARIOS, scenario
+from sao.rl.rollout.sim.compare import comparisons, grid_json, render, run_grid
+from sao.rl.rollout.sim.config import SCENARIOS, scenario
+from sao.rl.rollout.sim.simulator import simulate
 
 MODES = ["sync", "one_step_off", "async_drop", "async_mask", "multi_version", "pipe"]
 

@@ -1,9 +1,9 @@
 """Sync seconds per weight version: the single-machine path against Ray's object store (issue 12).
 
-One engine replica runs as a Ray actor (:class:`sao.rl.ray_replicas.RayFleet`) on a local Ray instance.
+One engine replica runs as a Ray actor (:class:`sao.rl.cluster.replicas.RayFleet`) on a local Ray instance.
 For each of ``--versions`` versions the policy (SmolLM2-135M, perturbed a little each time) is written
-as ``weights/v{k}`` (what :class:`~sao.rl.sync.WeightPublisher` does), then loaded into the same engine
-twice with :func:`sao.rl.weight_load.load_weights` (pause, reload, version label, prefix-cache reset,
+as ``weights/v{k}`` (what :class:`~sao.rl.weights.sync.WeightPublisher` does), then loaded into the same engine
+twice with :func:`sao.rl.weights.load.load_weights` (pause, reload, version label, prefix-cache reset,
 resume):
 
 - ``local``: the engine is told the learner's folder (one machine, or ``cluster.weights=shared_dir``);
@@ -66,12 +66,12 @@ def main() -> None:
     from sao.agents.engine.control import EngineClient
     from sao.agents.engine.server import VLLMServerConfig
     from sao.agents.models.prepare import ensure_model
+    from sao.rl.cluster.engine_host import FakeLaunch, VLLMLaunch
+    from sao.rl.cluster.replicas import RayFleet
     from sao.rl.config import ClusterConfig
-    from sao.rl.following import FollowingControl
-    from sao.rl.ray_engine import FakeLaunch, VLLMLaunch
-    from sao.rl.ray_replicas import RayFleet
-    from sao.rl.sync import export_engine_model, save_checkpoint
-    from sao.rl.weight_load import load_weights
+    from sao.rl.rollout.following import FollowingControl
+    from sao.rl.weights.load import load_weights
+    from sao.rl.weights.sync import export_engine_model, save_checkpoint
     from transformers import AutoModelForCausalLM
 
     work = Path(tempfile.mkdtemp(prefix="sao-ray-sync-"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sao.envs.arithmetic import ArithmeticTasks
 from sao.envs.grading import grade
-from sao.rl.heldout import paired_difference
+from sao.rl.training.heldout import paired_difference
 
 
 def regrade(run_dir: Path) -> None:

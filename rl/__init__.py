@@ -1,6 +1,6 @@
 """The learner (SAO and its baselines), its training loop, and the rollout schedulers.
 
-Names are imported on first use (PEP 562), so that ``sao.rl.rollout`` (pure Python: the schedulers
+Names are imported on first use (PEP 562), so that ``sao.rl.rollout.schedulers`` (pure Python: the schedulers
 and the simulator) and light entry points do not pay for torch.
 
 RL math (small pure functions): ``token_rewards``, ``adaptive_lambda``, ``gae_action_tokens``,
@@ -21,17 +21,17 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    ".advantages": ("RunningMeanBaseline", "adaptive_lambda", "gae_action_tokens", "grpo_advantages", "token_rewards"),
-    ".losses": ("AGG_MODES", "aggregate", "dis_mask", "dis_policy_loss", "kl_estimates", "masked_is_weights",
+    ".objectives.advantages": ("RunningMeanBaseline", "adaptive_lambda", "gae_action_tokens", "grpo_advantages", "token_rewards"),
+    ".objectives.losses": ("AGG_MODES", "aggregate", "dis_mask", "dis_policy_loss", "kl_estimates", "masked_is_weights",
                 "ppo_clip_loss", "truncated_is_weights", "value_loss"),
-    ".batch": ("Batch", "collate", "micro_batches"),
-    ".learner": ("Learner", "LearnerConfig", "token_logprobs"),
-    ".value": ("ValueModel",),
+    ".learner.batch": ("Batch", "collate", "micro_batches"),
+    ".learner.learner": ("Learner", "LearnerConfig", "token_logprobs"),
+    ".learner.value_model": ("ValueModel",),
     ".algos": ("ALGORITHMS", "make_algorithm"),
-    ".sync": ("NcclWeightSync", "WeightSync", "list_versions", "prune_versions", "save_checkpoint"),
+    ".weights.sync": ("NcclWeightSync", "WeightSync", "list_versions", "prune_versions", "save_checkpoint"),
     ".config": ("TrainConfig",),
-    ".trainer": ("Trainer",),
-    ".build": ("run_training",),
+    ".training.trainer": ("Trainer",),
+    ".training.build": ("run_training",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agents.engine.speculative import SpeculativeConfig, check_schedule
-from sao.rl.lr_schedule import LrSchedule
+from sao.rl.learner.lr_schedule import LrSchedule
 
 
 @dataclass
@@ -58,7 +58,7 @@ class OptimConfig:
     # tokens per micro-batch (exact gradient accumulation); bounds the activations' memory whatever
     # the batch holds. None: the whole batch at once
     token_budget: int | None = 256
-    # lay each micro-batch's rows end to end without padding (sao.rl.packing); token_budget then
+    # lay each micro-batch's rows end to end without padding (sao.rl.learner.packing); token_budget then
     # counts real tokens. false: right-padded rows (token_budget counts padded tokens)
     pack: bool = True
     # bf16 autocast of the policy's passes. Off by default: on the CPU it puts 0.03-0.07 of mean
@@ -66,7 +66,7 @@ class OptimConfig:
     # which is the whole DIS budget; on GPUs with a bf16 engine, turn it on.
     bf16: bool = False
     # bf16 autocast of the value model's passes: auto (where bf16 is fast: CUDA, a CPU with AMX, or
-    # one with AVX512-BF16 where a measurement cached per machine says so; sao.rl.precision), true,
+    # one with AVX512-BF16 where a measurement cached per machine says so; sao.rl.learner.precision), true,
     # false, or null (as bf16)
     critic_bf16: Any = "auto"
 
@@ -104,7 +104,7 @@ LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 
 @dataclass
 class LoraConfig:
-    """Low-rank adapters through ``peft`` (:mod:`sao.rl.lora`); ``rank`` 0 trains every weight.
+    """Low-rank adapters through ``peft`` (:mod:`sao.rl.learner.lora`); ``rank`` 0 trains every weight.
 
     The policy trains only its adapters on ``target_modules``; the engine is sent the merged weights
     (base + the adapters' delta) under the plain names. ``critic``: the value model too takes
@@ -129,7 +129,7 @@ class ModelConfig:
     # the learner's attention kernel: auto = eager under bf16 autocast on the CPU (torch's CPU flash
     # attention is 10x slower in bf16 backward there: benchmarks/learner_speed.py), sdpa otherwise
     attn_implementation: str = "auto"
-    # recompute each decoder layer in the backward pass (sao.rl.checkpointing): "auto" turns it on when
+    # recompute each decoder layer in the backward pass (sao.rl.learner.activation_recompute): "auto" turns it on when
     # a trajectory may exceed 1,024 tokens (engine.max_model_len > 1024 and env.max_tokens > 512: the
     # coding envs), where activations, not weights, fill the memory; true / false force it
     activation_checkpointing: Any = "auto"
@@ -189,8 +189,8 @@ class EngineConfig:
 
 @dataclass
 class RolloutConfig:
-    """How trajectories are produced. ``sync`` runs one batch at a time (rl/sources.py); the other
-    modes run a scheduler of :mod:`sao.rl.rollout` over ``replicas`` engines (rl/orchestrated.py)."""
+    """How trajectories are produced. ``sync`` runs one batch at a time (rl/rollout/sources.py); the other
+    modes run a scheduler of :mod:`sao.rl.rollout.schedulers` over ``replicas`` engines (rl/rollout/orchestrated.py)."""
 
     mode: str = "sync"  # sync | one_step_off | async | multi_version | pipe
     concurrency: int = 32  # episodes in flight (per replica for the scheduled modes)
@@ -204,7 +204,7 @@ class RolloutConfig:
     # above the median: C2 broken) and 5,790 trained tokens/s; mask trained mean 2,370 (-1.4%) and
     # 10,287 tokens/s, but a third of its trajectories were older than k, up to 27 versions (C3
     # broken). drop stays the default because staleness <= k is the bound `staleness` promises and
-    # the run's checks assert; rollout/len_trained_bias shows what it costs (sao.rl.rollout.lengths).
+    # the run's checks assert; rollout/len_trained_bias shows what it costs (sao.rl.rollout.schedulers.lengths).
     stale_policy: str = "drop"
     max_failures: int = 3  # failed attempts of a request before it is recorded failed
     async_outstanding: float | None = None  # async: batches in flight or finished-untrained (null: k + 1)
@@ -220,7 +220,7 @@ class RolloutConfig:
     # clears vLLM's KV cache, so every request in flight computes its context again on the new weights
     # before its next token (exact, but the cost grows with the tokens in flight); True keeps their
     # old-weights KV (PipelineRL's in-flight updates). benchmarks/interruption.py, 16 requests x 192
-    # tokens, an update every 8 s: 0.51x of no updates when cleared, 0.91x when kept (sao.rl.weight_load).
+    # tokens, an update every 8 s: 0.51x of no updates when cleared, 0.91x when kept (sao.rl.weights.load).
     keep_kv: bool = False
     micro_groups: int = 1  # pipe: complete groups per part handed to the learner (CGP)
     frontier_first: bool = True  # pipe: admit the frontier group's requests first (FGD)
@@ -260,7 +260,7 @@ class ScheduleConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation during training (:mod:`sao.rl.heldout`): before the first step, every
+    """Held-out evaluation during training (:mod:`sao.rl.training.heldout`): before the first step, every
     ``every`` steps (0: only before and after) and after the last. ``problems`` tasks of the
     training environment built with ``env.heldout_kwargs`` merged over ``env.kwargs`` (an env
     without ``heldout_kwargs`` has no held-out split, and is not evaluated), one episode each at
@@ -274,19 +274,19 @@ class EvalConfig:
     concurrency: int = 64
 
 
-SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.sharding.STRATEGIES
+SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.learner.sharding.STRATEGIES
 
 
 @dataclass
 class LearnerRanksConfig:
-    """The learner's processes (sao.rl.dp_ranks): ``world_size`` data-parallel ranks on this machine,
+    """The learner's processes (sao.rl.learner.parallel.ranks): ``world_size`` data-parallel ranks on this machine,
     each training on its share of every batch (gloo on CPU, NCCL on GPUs: one GPU a rank)."""
 
     world_size: int = 1
     backend: str = "auto"  # auto | gloo | nccl
     # torch threads of each rank; null: the machine's cores / world_size (ranks share the cores)
     threads: int | None = None
-    # how the models are laid out over the ranks (sao.rl.sharding): replicate (every rank holds the
+    # how the models are laid out over the ranks (sao.rl.learner.sharding): replicate (every rank holds the
     # whole model, gradients all-reduced) | fsdp2 (FSDP2 shards, world_size >= 2; a seam so far:
     # sao-train refuses it, and the module doc says what is missing)
     sharding: str = "replicate"
@@ -337,7 +337,7 @@ WEIGHT_TRANSPORTS = ("object_store", "shared_dir")
 @dataclass
 class ClusterConfig:
     """Where the run's processes live (``conf/cluster``): ``local`` (this machine: engines as
-    subprocesses, learner ranks spawned here) or ``ray`` (:mod:`sao.rl.ray_cluster`: an existing Ray
+    subprocesses, learner ranks spawned here) or ``ray`` (:mod:`sao.rl.cluster.connection`: an existing Ray
     cluster at ``address``; each engine replica a Ray actor placed through a placement group of
     ``placement`` strategy with ``engine`` resources a replica, learner ranks 1..N-1 Ray actors with
     ``learner`` resources). ``weights``: how replicas on other nodes get each version:
@@ -409,9 +409,9 @@ def engine_urls(base_url: str | None) -> list[str]:
 
 
 def scheduler_config(cfg: TrainConfig) -> Any:
-    """The :class:`sao.rl.rollout.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
-    from sao.rl.rollout import ConfigError as RolloutConfigError
-    from sao.rl.rollout import SchedulerConfig
+    """The :class:`sao.rl.rollout.schedulers.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
+    from sao.rl.rollout.schedulers import ConfigError as RolloutConfigError
+    from sao.rl.rollout.schedulers import SchedulerConfig
 
     r = cfg.rollout
     try:
@@ -471,8 +471,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"env.max_concurrent must be >= 1, got {cfg.env.max_concurrent}")
     if cfg.rollout.concurrency < 1:
         raise ConfigError(f"rollout.concurrency must be >= 1, got {cfg.rollout.concurrency}")
-    from sao.rl.rollout import MODES
-    from sao.rl.rollout.core import unknown_name
+    from sao.rl.rollout.schedulers import MODES
+    from sao.rl.rollout.schedulers.core import unknown_name
 
     if cfg.rollout.mode not in MODES:
         raise ConfigError(str(unknown_name("rollout", cfg.rollout.mode, tuple(MODES))))

@@ -1,7 +1,7 @@
 """Processes found by a tag in their environment: a variable every descendant inherits, so a process that
 left its group (``setsid``, a double fork) or whose parent died is still found, in ``/proc/*/environ``.
 
-:mod:`sao.sandboxes.local` tags each command's processes with ``SAO_RUN_ID``; :mod:`sao.rl.ray_engine`
+:mod:`sao.sandboxes.local` tags each command's processes with ``SAO_RUN_ID``; :mod:`sao.rl.cluster.engine_host`
 tags each engine server's with its replica folder (``SAO_ENGINE_FOLDER``).
 """
 

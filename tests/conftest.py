@@ -166,11 +166,11 @@ ENGINE_DTYPE = "float32"  # what sao-train's engines serve by default (conf/mode
 @pytest.fixture(scope="session")
 def engine_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     """The bundled model exported as sao-train's engines serve it: untied head, the default engine dtype
-    (sao.rl.sync.export_engine_model). Tests reload it to put the shared engine back."""
+    (sao.rl.weights.sync.export_engine_model). Tests reload it to put the shared engine back."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sao.rl.sync import export_engine_model
+    from sao.rl.weights.sync import export_engine_model
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
     return export_engine_model(model, Path(smollm2_dir), tmp_path_factory.mktemp("engine") / "model",
@@ -239,7 +239,7 @@ def engine_call(server, fn):  # type: ignore[no-untyped-def]
 
 def engine_probe(server) -> list[float]:  # type: ignore[no-untyped-def]
     """The engine's log-probs on WeightSync's fixed probe sequence."""
-    from sao.rl.sync import WeightSync
+    from sao.rl.weights.sync import WeightSync
 
     async def go(client):  # type: ignore[no-untyped-def]
         return await WeightSync(client, Path("unused"), model_name=server.model_name).engine_logprobs()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sao.rl.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
+from sao.rl.objectives.advantages import RunningMeanBaseline, adaptive_lambda, gae_action_tokens, grpo_advantages, token_rewards
 
 X = 9.0  # a value at an observation token: GAE must never read it
 

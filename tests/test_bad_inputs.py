@@ -410,8 +410,8 @@ def train_config(*overrides: str) -> Build:
     def run(g: Given) -> None:
         from hydra import compose, initialize_config_module
 
+        from sao.rl.cli.train import to_config
         from sao.rl.config import validate
-        from sao.rl.train_cli import to_config
 
         with initialize_config_module("sao.conf", version_base="1.3"):
             validate(to_config(compose("config", overrides=list(overrides))))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sao.agents.records import RolloutMeta, Trajectory
-from sao.rl.advantages import grpo_advantages
-from sao.rl.batch import collate
+from sao.rl.learner.batch import collate
+from sao.rl.objectives.advantages import grpo_advantages
 
 
 def traj(task: str, sample: int, reward: float, prompt_index: int | None) -> Trajectory:

@@ -1,4 +1,4 @@
-"""The data-parallel learner (sao.rl.data_parallel) on real torch.distributed ranks (gloo, 2 processes):
+"""The data-parallel learner (sao.rl.learner.parallel.data_parallel) on real torch.distributed ranks (gloo, 2 processes):
 the update of N ranks, each training on its share of the rows, equals the single-process update on the
 whole batch, for SAO (critic steps, gathered values, advantages, policy step) and GRPO, with SGD so
 that a gradient difference shows up in the parameters one for one."""
@@ -13,9 +13,9 @@ import torch
 import torch.multiprocessing as mp
 
 from sao.rl.algos import GRPO, SAO
-from sao.rl.batch import collate
-from sao.rl.learner import Learner, LearnerConfig
-from sao.rl.value import ValueModel
+from sao.rl.learner.batch import collate
+from sao.rl.learner.learner import Learner, LearnerConfig
+from sao.rl.learner.value_model import ValueModel
 
 from tests.test_learner import on_policy, random_trajs
 from tests.tiny_models import tiny_llama
@@ -57,7 +57,7 @@ def state_of(learner: Learner) -> dict[str, torch.Tensor]:
 def _rank(rank: int, algo_name: str, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from sao.rl.data_parallel import DataParallel
+    from sao.rl.learner.parallel.data_parallel import DataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -89,13 +89,13 @@ def test_two_gloo_ranks_give_the_single_process_update(algo_name: str, tmp_path:
             assert ranks[0]["metrics"][step][key] == pytest.approx(ref_m[key], rel=1e-5, abs=1e-7), (key, step)
 
 
-# ---- rank 0 leads, the others follow (sao.rl.dp_ranks) ---------------------------------------------
+# ---- rank 0 leads, the others follow (sao.rl.learner.parallel.ranks) ---------------------------------------------
 
 def _leader_or_follower(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from sao.rl.data_parallel import DataParallel
-    from sao.rl.dp_ranks import Channel, LeaderAlgorithm, follow
+    from sao.rl.learner.parallel.data_parallel import DataParallel
+    from sao.rl.learner.parallel.ranks import Channel, LeaderAlgorithm, follow
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)

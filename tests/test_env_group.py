@@ -1,13 +1,13 @@
-"""sao-train's `env` group: every registered environment is an option (sao.rl.env_group)."""
+"""sao-train's `env` group: every registered environment is an option (sao.rl.cli.env_group)."""
 
 from __future__ import annotations
 
 import pytest
 from hydra import compose, initialize_config_module
 
-import sao.rl.train_cli as cli
+import sao.rl.cli.train as cli
 from sao.envs import entries
-from sao.rl import env_group
+from sao.rl.cli import env_group
 from sao.rl.config import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Held-out evaluation (sao.rl.heldout) and the arithmetic split it rests on; hand-derived numbers."""
+"""Held-out evaluation (sao.rl.training.heldout) and the arithmetic split it rests on; hand-derived numbers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sao.envs.arithmetic import ArithmeticTasks, in_test_split, make_task
-from sao.rl.heldout import distinct_tasks, improvement, paired_difference, wilson_interval
+from sao.rl.training.heldout import distinct_tasks, improvement, paired_difference, wilson_interval
 
 
 def test_wilson_interval_by_hand():
@@ -71,7 +71,7 @@ def test_distinct_tasks_count_a_repeated_problem_once():
 
 
 def test_allocator_setup_and_rss_readings():
-    from sao.rl.memory import configure_allocator, rss_gb
+    from sao.rl.learner.memory import configure_allocator, rss_gb
 
     assert configure_allocator() in (True, False)  # glibc here: True; idempotent
     now, peak = rss_gb()
@@ -84,12 +84,12 @@ def test_configure_allocator_caps_onednn_primitive_cache_unless_the_user_set_it(
     import subprocess
     import sys
 
-    from sao.rl.memory import ONEDNN_CACHE_CAPACITY
+    from sao.rl.learner.memory import ONEDNN_CACHE_CAPACITY
 
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     if preset is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
-    code = ("import os; from sao.rl.memory import configure_allocator; configure_allocator(); "
+    code = ("import os; from sao.rl.learner.memory import configure_allocator; configure_allocator(); "
             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == (preset or str(ONEDNN_CACHE_CAPACITY))

@@ -13,9 +13,9 @@ import torch
 
 from sao.agents.records import Trajectory
 from sao.rl.algos import SAO, DISLoss, SAOConfig
-from sao.rl.batch import collate, micro_batches
-from sao.rl.learner import Learner, LearnerConfig, token_logprobs
-from sao.rl.value import ValueModel
+from sao.rl.learner.batch import collate, micro_batches
+from sao.rl.learner.learner import Learner, LearnerConfig, token_logprobs
+from sao.rl.learner.value_model import ValueModel
 
 from tests.tiny_models import tiny_llama
 
@@ -380,7 +380,7 @@ def test_first_value_step_equals_targets_from_a_separate_forward_then_a_step():
 
 
 def test_activation_checkpointing_gives_the_same_gradients_and_keeps_dropout_off():
-    from sao.rl.checkpointing import enable_activation_checkpointing
+    from sao.rl.learner.activation_recompute import enable_activation_checkpointing
 
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
     grads = []
@@ -417,7 +417,7 @@ def test_activation_checkpointing_is_on_for_long_trajectories_only():
 # ---- the policy's lr schedule --------------------------------------------------------------------
 
 def test_lr_schedule_shapes_and_checks():
-    from sao.rl.lr_schedule import LrSchedule
+    from sao.rl.learner.lr_schedule import LrSchedule
 
     assert [LrSchedule().factor(s) for s in (0, 5, 100)] == [1.0, 1.0, 1.0]
     lin = LrSchedule("linear", steps=5, min_ratio=0.2)
@@ -433,7 +433,7 @@ def test_lr_schedule_shapes_and_checks():
 
 
 def test_policy_lr_follows_the_schedule_and_a_checkpoint_resumes_it(tmp_path):
-    from sao.rl.checkpoint import Checkpointer, TrainState
+    from sao.rl.training.checkpoint import Checkpointer, TrainState
 
     cfg = LearnerConfig(lr=1e-3, lr_decay="linear", decay_steps=4, min_lr_ratio=0.25)
     policy = tiny_llama()

@@ -1,4 +1,4 @@
-"""LoRA (``model.lora``, sao.rl.lora) on a tiny random Llama (hidden 32, 2 layers, vocab 64, tied
+"""LoRA (``model.lora``, sao.rl.learner.lora) on a tiny random Llama (hidden 32, 2 layers, vocab 64, tied
 embeddings): the merged weights the engine gets, what trains, the checkpoint round trip, the seams
 the learner uses; and one real ``sao-train model.lora.rank=8`` run on the session's vLLM."""
 
@@ -19,13 +19,13 @@ from safetensors.torch import load_file
 
 from sao.agents.records import Trajectory
 from sao.rl.algos import make_algorithm
-from sao.rl.batch import collate
-from sao.rl.checkpoint import Checkpointer, TrainState
 from sao.rl.config import AlgoConfig, ConfigError, LoraConfig, ModelConfig, TrainConfig, validate
-from sao.rl.learner import Learner, LearnerConfig, token_logprobs
-from sao.rl.lora import merged_state_dict, unwrap, wrap_policy, wrap_value
-from sao.rl.sync import WEIGHTS_FILE, WeightSync, save_checkpoint
-from sao.rl.value import ValueModel, attention_param_names, backbone_of
+from sao.rl.learner.batch import collate
+from sao.rl.learner.learner import Learner, LearnerConfig, token_logprobs
+from sao.rl.learner.lora import merged_state_dict, unwrap, wrap_policy, wrap_value
+from sao.rl.learner.value_model import ValueModel, attention_param_names, backbone_of
+from sao.rl.training.checkpoint import Checkpointer, TrainState
+from sao.rl.weights.sync import WEIGHTS_FILE, WeightSync, save_checkpoint
 
 from transformers import LlamaForCausalLM
 
@@ -114,7 +114,7 @@ def test_save_checkpoint_writes_the_merged_plain_model_that_transformers_loads(t
     folder = save_checkpoint(policy, tmp_path, 1, dtype=torch.float32)
     saved = load_file(str(folder / WEIGHTS_FILE))
     assert not any("lora_" in k or "base_layer" in k for k in saved)
-    # served untied (sao.rl.sync module doc): the head is its own tensor, equal to the embedding
+    # served untied (sao.rl.weights.sync module doc): the head is its own tensor, equal to the embedding
     assert torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
     config = json.loads((folder / "config.json").read_text())
     assert not config["tie_word_embeddings"] and config["dtype"] == "float32"
@@ -263,8 +263,8 @@ def test_resuming_a_lora_checkpoint_without_lora_says_so(tmp_path: Path) -> None
 def test_lora_config_is_typed_validated_and_overridable() -> None:
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=["model.lora.rank=8", "model.lora.critic=true"]))

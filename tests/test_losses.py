@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sao.rl.losses import (
+from sao.rl.objectives.losses import (
     aggregate,
     dis_mask,
     dis_policy_loss,

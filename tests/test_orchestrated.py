@@ -19,15 +19,15 @@ import pytest
 from sao.agents import ByteTokenizer, EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
 from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.rl.algos import make_algorithm
-from sao.rl.build import learner_config
-from sao.rl.learner import Learner
-from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
-from sao.rl.rollout import SchedulerConfig
-from sao.rl.schedule import ScheduledTaskStream
-from sao.rl.sync import WeightPublisher
-from sao.rl.tasks import TaskStream
-from sao.rl.trainer import Trainer
-from sao.rl.value import ValueModel
+from sao.rl.learner.learner import Learner
+from sao.rl.learner.value_model import ValueModel
+from sao.rl.prompts.curriculum import ScheduledTaskStream
+from sao.rl.prompts.tasks import TaskStream
+from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.rollout.schedulers import SchedulerConfig
+from sao.rl.training.build import learner_config
+from sao.rl.training.trainer import Trainer
+from sao.rl.weights.sync import WeightPublisher
 from test_train import FakeEngine, config, lines, responder, tiny_policy
 
 
@@ -96,7 +96,7 @@ def test_single_rollout_modes_train_within_the_staleness_bound(mode: str, tmp_pa
 
 @pytest.mark.parametrize("keep_kv", [False, True])
 def test_each_version_load_clears_the_kv_cache_unless_keep_kv(tmp_path: Path, servers, keep_kv: bool) -> None:  # type: ignore[no-untyped-def]
-    """rollout.keep_kv: whether a load lets the requests in flight keep their KV blocks (sao.rl.weight_load)."""
+    """rollout.keep_kv: whether a load lets the requests in flight keep their KV blocks (sao.rl.weights.load)."""
     engines = [FakeEngine(), FakeEngine()]
     trainer = make_async_trainer("async", "sao", tmp_path, servers, engines, max_steps=2, keep_kv=keep_kv)
     asyncio.run(trainer.run())

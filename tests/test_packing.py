@@ -1,4 +1,4 @@
-"""sao.rl.packing: micro-batches run as one padding-free sequence, with the padded run's numbers."""
+"""sao.rl.learner.packing: micro-batches run as one padding-free sequence, with the padded run's numbers."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from sao.rl.algos import SAO, DISLoss
-from sao.rl.batch import collate, micro_batches
-from sao.rl.learner import Learner, LearnerConfig, token_logprobs
-from sao.rl.packing import Packing, packed_hidden, packing_is_exact
-from sao.rl.value import ValueModel
+from sao.rl.learner.batch import collate, micro_batches
+from sao.rl.learner.learner import Learner, LearnerConfig, token_logprobs
+from sao.rl.learner.packing import Packing, packed_hidden, packing_is_exact
+from sao.rl.learner.value_model import ValueModel
 
 from tests.test_learner import on_policy, random_trajs
 from tests.tiny_models import tiny_llama
@@ -96,7 +96,7 @@ def test_a_trunk_that_cannot_pack_is_found():
 
 
 def test_the_learner_pads_when_packing_is_not_exact(monkeypatch, caplog):
-    import sao.rl.learner as learner_module
+    import sao.rl.learner.learner as learner_module
 
     monkeypatch.setattr(learner_module, "packing_is_exact", lambda trunk, vocab: False)
     policy = tiny_llama()

@@ -152,14 +152,14 @@ def test_sao_train_refuses_unknown_envs_with_exit_2(plugin_site):
 # function it calls replaced by a recorder of the config each job got: no engine is started
 _RECORDING_TRAINER = """
 import json, sys
-import sao.rl.build
-from sao.rl import train_cli
+import sao.rl.training.build
+from sao.rl.cli import train as train_cli
 
 def run_training(config, run_dir):
     (run_dir / "env.json").write_text(json.dumps({"name": config.env.name, "kwargs": config.env.kwargs}))
     return {}
 
-sao.rl.build.run_training = run_training
+sao.rl.training.build.run_training = run_training
 sys.argv = ["sao-train", *sys.argv[1:]]
 train_cli.main()
 """

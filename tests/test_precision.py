@@ -1,4 +1,4 @@
-"""optim.critic_bf16=auto: bf16 autocast where it is fast (sao.rl.precision), as set otherwise."""
+"""optim.critic_bf16=auto: bf16 autocast where it is fast (sao.rl.learner.precision), as set otherwise."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from sao.rl.config import OptimConfig, TrainConfig
-from sao.rl import precision
-from sao.rl.precision import bf16_is_fast, resolve_bf16
+from sao.rl.learner import precision
+from sao.rl.learner.precision import bf16_is_fast, resolve_bf16
 
 
 def _cpu(monkeypatch, **flags: bool) -> None:
@@ -81,7 +81,7 @@ def test_the_measurement_is_a_real_timing_ratio():
 def test_the_config_refuses_an_unknown_setting_and_the_learner_gets_the_resolved_one():
     with pytest.raises(ValueError, match="optim.critic_bf16"):
         OptimConfig(critic_bf16="maybe")
-    from sao.rl.build import learner_config
+    from sao.rl.training.build import learner_config
 
     cfg = TrainConfig(device="cpu")
     assert learner_config(cfg).critic_bf16 == bf16_is_fast("cpu")
@@ -90,7 +90,7 @@ def test_the_config_refuses_an_unknown_setting_and_the_learner_gets_the_resolved
 
 
 def test_auto_is_resolved_for_the_device_the_learner_runs_on(monkeypatch):
-    import sao.rl.build as build
+    import sao.rl.training.build as build
 
     seen = []
     monkeypatch.setattr(build, "resolve_bf16", lambda setting, device: seen.append(torch.device(device)) or False)

@@ -141,7 +141,7 @@ def test_sao_train_on_a_2_node_ray_cluster_survives_a_killed_node(tmp_path: Path
             "num_cpus": 4, "resources": {"node0": 10}, "object_store_memory": 1536 * 2**20})
         worker = cluster.add_node(num_cpus=2, resources={"node1": 10}, object_store_memory=1536 * 2**20)
         head_id, worker_id = cluster.head_node.node_id, worker.node_id
-        cmd = [sys.executable, "-m", "sao.rl.train_cli", "cluster=ray", f"cluster.address={cluster.address}",
+        cmd = [sys.executable, "-m", "sao.rl.cli.train", "cluster=ray", f"cluster.address={cluster.address}",
                "rollout=async", "rollout.replicas=2", "learner.world_size=2", "algo=reinforce_mean", f"max_steps={STEPS}",
                "batch_size=4", "env.max_tokens=32", "engine.kv_cache_gib=1", "engine.max_model_len=512",
                "eval.enabled=false", "logger=quiet", "checkpoint_every=100", f"rollout.staleness={K}",

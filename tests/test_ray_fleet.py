@@ -26,8 +26,8 @@ import pytest
 
 from sao.agents.errors import EngineError, EngineUnavailableError
 from sao.rl.config import ClusterConfig, ConfigError, RayResources, validate
-from sao.rl.following import FollowingClient, FollowingControl
-from sao.rl.weight_staging import prune, read_folder, write_folder
+from sao.rl.rollout.following import FollowingClient, FollowingControl
+from sao.rl.weights.staging import prune, read_folder, write_folder
 
 # --------------------------------------------------------------------------- without Ray
 
@@ -37,16 +37,16 @@ def test_cluster_local_imports_no_ray() -> None:
     code = """
 import sys
 from hydra import compose, initialize_config_module
-import sao.rl.train_cli
-from sao.rl.train_cli import to_config
+import sao.rl.cli.train
+from sao.rl.cli.train import to_config
 from sao.rl.config import validate
-import sao.rl.build, sao.rl.dp_launch, sao.rl.orchestrated, sao.rl.following, sao.rl.weight_staging
-import sao.rl.ray_engine, sao.rl.ray_replicas  # importable without ray: it is imported on use only
+import sao.rl.training.build, sao.rl.learner.parallel.launch, sao.rl.rollout.orchestrated, sao.rl.rollout.following, sao.rl.weights.staging
+import sao.rl.cluster.engine_host, sao.rl.cluster.replicas  # importable without ray: it is imported on use only
 with initialize_config_module("sao.conf", version_base="1.3"):
     cfg = to_config(compose("config", overrides=["rollout=async", "rollout.replicas=2", "learner.world_size=2"]))
 validate(cfg)
 assert cfg.cluster.kind == "local", cfg.cluster
-ranks = sao.rl.dp_launch.learner_ranks(cfg, "unused")
+ranks = sao.rl.learner.parallel.launch.learner_ranks(cfg, "unused")
 assert type(ranks).__name__ == "LearnerRanks", type(ranks)
 bad = [m for m in sys.modules if m == "ray" or m.startswith("ray.")]
 assert not bad, bad
@@ -59,8 +59,8 @@ print("ok")
 def _compose(*overrides: str) -> Any:
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (registers the schema)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (registers the schema)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         return to_config(compose("config", overrides=list(overrides)))
@@ -120,7 +120,7 @@ class Inner:
 
 
 def test_client_and_control_follow_the_replicas_current_url() -> None:
-    from sao.rl.weight_load import load_weights
+    from sao.rl.weights.load import load_weights
 
     where: dict[str, str | None] = {"url": "http://a:1"}
     log: list[str] = []
@@ -178,7 +178,7 @@ def test_weight_folders_round_trip_and_old_versions_are_pruned(tmp_path: Path) -
 def test_a_restarted_replica_removes_what_its_dead_predecessors_left_on_the_node(tmp_path: Path) -> None:
     import os
 
-    from sao.rl.ray_engine import FOLDER_TAG, EngineHost, remove_earlier_incarnations
+    from sao.rl.cluster.engine_host import FOLDER_TAG, EngineHost, remove_earlier_incarnations
 
     run = tmp_path / "nodes" / "run-1"
     for name in ("replica-0-aaaa1111", "replica-0-bbbb2222", "replica-1-cccc3333", "replica-10-dddd4444"):
@@ -230,9 +230,9 @@ def test_learner_rank_1_is_a_ray_actor_on_another_node_that_mirrors_rank_0(two_n
     import torch
 
     from sao.rl.algos import make_algorithm
-    from sao.rl.build import make_learner
+    from sao.rl.cluster.learner_ranks import RayLearnerRanks
     from sao.rl.config import LearnerRanksConfig
-    from sao.rl.ray_learner import RayLearnerRanks
+    from sao.rl.training.build import make_learner
     from test_train import config
     from tests.test_data_parallel import batch_for
     from tests.tiny_models import tiny_llama
@@ -281,8 +281,8 @@ def test_replicas_spread_get_weights_through_the_object_store_and_come_back_on_t
                                                                                                tmp_path: Path) -> None:
     import ray
 
-    from sao.rl.ray_engine import FakeLaunch
-    from sao.rl.ray_replicas import RayFleet
+    from sao.rl.cluster.engine_host import FakeLaunch
+    from sao.rl.cluster.replicas import RayFleet
 
     cluster, worker = two_nodes
     cfg = ClusterConfig(kind="ray", node_dir=str(tmp_path / "nodes"), ping_s=0.2, placement_timeout_s=60)
@@ -369,15 +369,15 @@ def test_async_training_survives_a_node_removed_mid_run(two_nodes, tmp_path: Pat
 
     from sao.agents import ByteTokenizer, EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
     from sao.rl.algos import make_algorithm
-    from sao.rl.build import learner_config, write_engines
-    from sao.rl.learner import Learner
-    from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
-    from sao.rl.ray_engine import FakeLaunch
-    from sao.rl.ray_replicas import RayFleet
-    from sao.rl.rollout import SchedulerConfig
-    from sao.rl.sync import WeightPublisher
-    from sao.rl.tasks import TaskStream
-    from sao.rl.trainer import Trainer
+    from sao.rl.cluster.engine_host import FakeLaunch
+    from sao.rl.cluster.replicas import RayFleet
+    from sao.rl.learner.learner import Learner
+    from sao.rl.prompts.tasks import TaskStream
+    from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout, Replica
+    from sao.rl.rollout.schedulers import SchedulerConfig
+    from sao.rl.training.build import learner_config, write_engines
+    from sao.rl.training.trainer import Trainer
+    from sao.rl.weights.sync import WeightPublisher
     import test_train
     from test_train import config, lines, responder, tiny_policy
 

@@ -42,9 +42,9 @@ def test_learner_rank_1_is_a_ray_actor_that_mirrors_rank_0(one_node, tmp_path: P
     import torch
 
     from sao.rl.algos import make_algorithm
-    from sao.rl.build import make_learner
+    from sao.rl.cluster.learner_ranks import RayLearnerRanks
     from sao.rl.config import LearnerRanksConfig
-    from sao.rl.ray_learner import RayLearnerRanks
+    from sao.rl.training.build import make_learner
     from test_train import config
     from tests.test_data_parallel import batch_for
     from tests.tiny_models import tiny_llama
@@ -69,8 +69,8 @@ def test_learner_rank_1_is_a_ray_actor_that_mirrors_rank_0(one_node, tmp_path: P
 def test_a_replica_actor_gets_the_model_and_a_version_through_the_object_store(one_node, tmp_path: Path) -> None:
     import ray
 
-    from sao.rl.ray_engine import FakeLaunch
-    from sao.rl.ray_replicas import RayFleet
+    from sao.rl.cluster.engine_host import FakeLaunch
+    from sao.rl.cluster.replicas import RayFleet
 
     model = tmp_path / "engine_model"
     model.mkdir()

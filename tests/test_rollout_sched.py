@@ -7,11 +7,13 @@ every event the scheduler's own invariant check (ledger balance, C1, ...) must p
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from sao.rl.rollout import (
+from sao.rl.rollout.schedulers import (
     AsyncScheduler,
     ConfigError,
     Discard,
@@ -304,15 +306,26 @@ def test_bad_config_fails_with_a_clear_message():
 
 
 # pure modules outside the package that it may use: the request routers, shared with sao-eval's routing client
-ROLLOUT_MAY_IMPORT = ("sao.agents.routing.routers",)
+ROLLOUT_MAY_IMPORT = ("sao.agents.routing", "sao.agents.routing.routers")
+PURE_PACKAGES = ("sao.rl.rollout.schedulers", "sao.rl.rollout.sim")
+
+
+def pure_rollout_files() -> list[Path]:
+    """The schedulers and their simulator, every file below their folders (not the real driver in
+    rl/rollout/, which needs torch), sao-sim's entry point, and the package __init__s importing them runs."""
+    rl = ROLLOUT_DIR.parent
+    files = [*sorted((ROLLOUT_DIR / "schedulers").rglob("*.py")), *sorted((ROLLOUT_DIR / "sim").rglob("*.py"))]
+    assert {"core.py", "streaming.py", "simulator.py", "fleet.py"} <= {p.name for p in files}, files
+    return [*files, rl / "cli" / "sim.py", rl / "__init__.py", ROLLOUT_DIR / "__init__.py", rl / "cli" / "__init__.py"]
 
 
 def test_rollout_package_does_not_import_torch():
-    """The schedulers must stay light: no torch, and nothing of the learner, in sao.rl.rollout; the
-    routers it shares with the real paths import nothing of sao and no torch either."""
+    """The schedulers must stay light: no torch, and nothing of the learner, in sao.rl.rollout.schedulers
+    and sao.rl.rollout.sim; the routers they share with the real paths import nothing of sao and no torch either."""
     agents = ROLLOUT_DIR.parents[1] / "agents"
-    shared = [agents / "routing" / "routers.py", agents / "errors.py"]
-    for path in [*ROLLOUT_DIR.glob("*.py"), *shared]:
+    shared = [agents / "routing" / "routers.py", agents / "errors.py",
+              agents / "__init__.py", agents / "routing" / "__init__.py"]
+    for path in [*pure_rollout_files(), *shared]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -323,5 +336,14 @@ def test_rollout_package_does_not_import_torch():
                     assert not name.startswith("sao") and (not relative or f"{name}.py" in {p.name for p in shared}), \
                         f"{path.name} imports {name}"
                     continue
-                assert not name.startswith("sao.") or name.startswith("sao.rl.rollout") or name in ROLLOUT_MAY_IMPORT, \
+                assert not name.startswith("sao.") or name.startswith(PURE_PACKAGES) or name in ROLLOUT_MAY_IMPORT, \
                     f"{path.name} imports {name}"
+
+
+def test_the_schedulers_and_the_simulator_load_without_torch():
+    """What the rule above guards, run: importing them (and the packages above them) loads no torch."""
+    modules = [".".join(("sao", *p.relative_to(ROLLOUT_DIR.parents[1]).with_suffix("").parts)).removesuffix(".__init__")
+               for p in pure_rollout_files()]
+    code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])

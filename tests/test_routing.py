@@ -14,8 +14,8 @@ from sao.agents.routing.routers import (
     eligible,
     make_router,
 )
-from sao.rl.rollout.sim_routing import PrefixCache, Slot, TurnPlacer
-from sao.rl.rollout.simconfig import RoutingConfig
+from sao.rl.rollout.sim.config import RoutingConfig
+from sao.rl.rollout.sim.routing import PrefixCache, Slot, TurnPlacer
 
 
 def view(rid: int, running: int = 0, *, version: int = 0, holds: tuple[int, ...] = (), kv: float = 0.0,

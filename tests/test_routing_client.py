@@ -21,7 +21,7 @@ from sao.agents.engine.watch import EngineRestartsExhausted, EngineWatch, WatchC
 from sao.agents.errors import EngineError
 from sao.agents.routing.client import RoutedReplica, RoutingClient
 from sao.agents.routing.routers import CacheAware, RoundRobin
-from sao.rl.engine_step import StepEngineMetrics, engine_step_metrics
+from sao.rl.training.engine_step import StepEngineMetrics, engine_step_metrics
 
 PARAMS = SamplingParams(max_tokens=4)
 

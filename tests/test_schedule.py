@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from sao.rl.schedule import (
+from sao.rl.prompts.curriculum import (
     PROBE_BASE,
     FamilyReward,
     ScheduleConfig,
@@ -25,7 +25,7 @@ from sao.rl.schedule import (
     per_family_reward,
     phase_shifts,
 )
-from sao.rl.tasks import TaskStream
+from sao.rl.prompts.tasks import TaskStream
 
 ARITH = {"seed": 0, "max_digits": 4}
 CONF = Path(__file__).resolve().parents[1] / "conf" / "schedule"

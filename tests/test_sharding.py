@@ -1,4 +1,4 @@
-"""``learner.sharding`` (sao.rl.sharding): the config's check, the trainer's refusal of the fsdp2 seam, and
+"""``learner.sharding`` (sao.rl.learner.sharding): the config's check, the trainer's refusal of the fsdp2 seam, and
 FSDP2 on real torch.distributed ranks (gloo, 2 processes): an update on the shards equals the
 single-process update on the whole batch, with SGD so that a gradient difference shows up in the
 parameters one for one (as tests/test_data_parallel.py does for the replicated learner)."""
@@ -13,11 +13,11 @@ import torch
 import torch.multiprocessing as mp
 
 from sao.rl.algos import GRPO
-from sao.rl.batch import collate
 from sao.rl.config import SHARDINGS, LearnerRanksConfig, TrainConfig
-from sao.rl.learner import Learner, LearnerConfig
-from sao.rl.sharding import FSDP2_NOT_YET, STRATEGIES, FullyShardedFSDP2, Replicated, make_sharding
-from sao.rl.value import ValueModel
+from sao.rl.learner.batch import collate
+from sao.rl.learner.learner import Learner, LearnerConfig
+from sao.rl.learner.sharding import FSDP2_NOT_YET, STRATEGIES, FullyShardedFSDP2, Replicated, make_sharding
+from sao.rl.learner.value_model import ValueModel
 
 from tests.test_learner import on_policy, random_trajs
 from tests.tiny_models import tiny_llama
@@ -58,7 +58,7 @@ def test_sharding_config_is_checked_with_the_known_values() -> None:
 
 
 def test_the_trainer_refuses_fsdp2_before_any_rank_starts() -> None:
-    from sao.rl.dp_launch import learner_ranks
+    from sao.rl.learner.parallel.launch import learner_ranks
 
     cfg = TrainConfig(learner=LearnerRanksConfig(world_size=2, sharding="fsdp2"))
     with pytest.raises(NotImplementedError, match="seam only") as info:
@@ -109,7 +109,7 @@ def _grpo_batch():
 def _rank(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from sao.rl.data_parallel import DataParallel
+    from sao.rl.learner.parallel.data_parallel import DataParallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sao.agents.routing.routers import ROUTERS
-from sao.rl.rollout import SchedulerConfig, StartTrajectory
-from sao.rl.rollout.lengths import LengthStats, quantile
-from sao.rl.rollout.sim import SIM_MODES, Simulation, simulate
-from sao.rl.rollout.simconfig import (
+from sao.rl.rollout.schedulers import SchedulerConfig, StartTrajectory
+from sao.rl.rollout.schedulers.lengths import LengthStats, quantile
+from sao.rl.rollout.sim.simulator import SIM_MODES, Simulation, simulate
+from sao.rl.rollout.sim.config import (
     EngineConfig,
     Lognormal,
     RoutingConfig,
@@ -136,7 +136,7 @@ def test_every_mode_sees_the_same_trajectory_for_the_same_request():
 @pytest.mark.slow
 def test_sao_sim_command_writes_the_json(tmp_path):
     out = tmp_path / "sim.json"
-    cmd = [sys.executable, "-m", "sao.rl.rollout.sim_cli", "--modes", "sync,one_step_off,async,multi_version,pipe",
+    cmd = [sys.executable, "-m", "sao.rl.cli.sim", "--modes", "sync,one_step_off,async,multi_version,pipe",
            "--engines", "16", "--steps", "4", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -162,7 +162,7 @@ def test_sao_sim_command_writes_the_json(tmp_path):
     (["--admit-lag", "9", "--engines", "2"], "admit_lag must lie in [0, staleness=4]"),
 ])
 def test_sao_sim_rejects_bad_input_with_exit_2(args, message, capsys):
-    from sao.rl.rollout.sim_cli import main
+    from sao.rl.cli.sim import main
 
     try:
         code = main(args)
@@ -172,8 +172,8 @@ def test_sao_sim_rejects_bad_input_with_exit_2(args, message, capsys):
 
 
 def test_batch_per_engine_scales_the_batch_with_the_fleet() -> None:
-    from sao.rl.rollout.compare import scaled
-    from sao.rl.rollout.simconfig import paper_like
+    from sao.rl.rollout.sim.compare import scaled
+    from sao.rl.rollout.sim.config import paper_like
 
     base = paper_like()  # GRPO groups of 8
     assert scaled(base, 64, None) is base
@@ -254,7 +254,7 @@ def test_stale_drops_fall_on_long_trajectories():
 
 
 def test_sao_sim_routes_and_reports_the_hit_rate(tmp_path):
-    from sao.rl.rollout.sim_cli import main
+    from sao.rl.cli.sim import main
 
     out = tmp_path / "sim.json"
     code = main(["--modes", "multi_version,multi_version_lag", "--engines", "4", "--steps", "2", "--router", "cache_aware",

@@ -4,7 +4,7 @@ records with speculation on are the target model's, as with it off.
 The same seeded episodes run on two engines, one after the other: the session's shared one (plain, served
 as sao-train serves it) and one started with ``--speculative-config {"method": "suffix"}`` and otherwise
 the same configuration (one engine start, not two: CI time). The learner's scoring code
-(``sao.rl.batch.collate`` and ``sao.rl.learner.token_logprobs``, as behind ``rollout/logprob_gap``)
+(``sao.rl.learner.batch.collate`` and ``sao.rl.learner.learner.token_logprobs``, as behind ``rollout/logprob_gap``)
 scores both sets of trajectories with the HF model; the gap |engine log-prob - HF log-prob| at
 action tokens must stay within 0.01 of the gap without speculation (issue 11, WAR).
 
@@ -113,8 +113,8 @@ def both(vllm_server, engine_model_dir, tmp_path_factory):  # type: ignore[no-un
 def _gap(model, trajectories, pad_id: int) -> float:  # type: ignore[no-untyped-def]
     import torch
 
-    from sao.rl.batch import collate
-    from sao.rl.learner import token_logprobs
+    from sao.rl.learner.batch import collate
+    from sao.rl.learner.learner import token_logprobs
 
     batch = collate(trajectories, pad_id)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sao.agents.records import Trajectory, TurnRecord
-from sao.rl.sources import episode_time_metrics
+from sao.rl.rollout.sources import episode_time_metrics
 
 SAO_TRAIN = str(Path(sys.executable).with_name("sao-train"))
 
@@ -51,7 +51,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _untrainable(t: dict) -> bool:
-    """sao.rl.trainable.failure on a recorded trajectory: failed, or graded without a verdict."""
+    """sao.rl.learner.trainable.failure on a recorded trajectory: failed, or graded without a verdict."""
     return t["status"] != "ok" or bool(t["info"].get("error")) or bool(t["info"].get("eval_error"))
 
 

@@ -1,4 +1,4 @@
-"""Weight sync learner -> vLLM (sao.rl.sync): checkpoints on disk, and the real engine swap with its probe.
+"""Weight sync learner -> vLLM (sao.rl.weights.sync): checkpoints on disk, and the real engine swap with its probe.
 
 The unit tests use a tiny random Llama (tied embeddings) and a fake engine; the ``vllm`` test syncs
 SmolLM2-135M into the session's shared server and puts the original weights back afterwards, even
@@ -19,7 +19,7 @@ from sao.agents.engine.control import EngineClient
 from sao.agents.engine.server import VLLMServer
 from sao.agents.errors import EngineError
 from sao.rl import NcclWeightSync, WeightSync, list_versions, save_checkpoint
-from sao.rl.sync import prune_versions
+from sao.rl.weights.sync import prune_versions
 from tests.tiny_models import tiny_llama
 
 
@@ -46,7 +46,7 @@ def test_save_checkpoint_round_trip_and_pruning(tmp_path: Path) -> None:
     assert sorted(p.name for p in folders[-1].iterdir()) == ["config.json", "model.safetensors"]
 
     keys = _keys(folders[-1])
-    # tied in the learner, served untied: the head is its own tensor (sao.rl.sync module doc)
+    # tied in the learner, served untied: the head is its own tensor (sao.rl.weights.sync module doc)
     assert {"lm_head.weight", "model.embed_tokens.weight"} <= keys
     with safe_open(str(folders[-1] / "model.safetensors"), "pt") as fh:
         assert {fh.get_tensor(k).dtype for k in keys} == {torch.bfloat16}

@@ -15,7 +15,7 @@ from sao.agents.errors import ContextOverflowError, EngineResponseError
 from sao.agents.loop.token_loop import run_episode
 from sao.agents.records import Completion
 from sao.agents.testing.fake_server import FakeServer, Reply
-from sao.rl.versioned_client import runs_within, turn_versions
+from sao.rl.rollout.versioned_client import runs_within, turn_versions
 
 FAST = RetryPolicy(max_retries=0)
 
@@ -173,7 +173,7 @@ def test_a_weight_update_mid_request_splits_its_tokens_versions_on_the_real_engi
 
 
 def test_a_batchs_version_metrics_count_token_staleness_splits_and_the_recompute():
-    from sao.rl.versioned_client import version_metrics
+    from sao.rl.rollout.versioned_client import version_metrics
 
     def trajectory(*turns: TurnRecord) -> Trajectory:
         n = turns[-1].prompt_len + turns[-1].completion_len

@@ -1,4 +1,4 @@
-"""sao.rl.torch_thread: one thread does a run's torch work, and the thread that made it stays on one
+"""sao.rl.learner.torch_thread: one thread does a run's torch work, and the thread that made it stays on one
 intra-op thread (so it never starts a second OpenMP team)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 
-from sao.rl.torch_thread import TorchThread
+from sao.rl.learner.torch_thread import TorchThread
 
 
 def test_every_call_runs_on_the_one_thread_with_its_intra_op_threads():
@@ -34,7 +34,7 @@ def test_pin_caller_keeps_the_caller_on_one_thread_while_the_torch_thread_has_th
     code = textwrap.dedent("""
         import torch
         torch.set_num_threads(2)
-        from sao.rl.torch_thread import TorchThread, pin_caller
+        from sao.rl.learner.torch_thread import TorchThread, pin_caller
         n = pin_caller()
         thread = TorchThread(n)
         inside = thread.call(torch.get_num_threads)

@@ -23,7 +23,7 @@ import torch
 from sao.agents import ByteTokenizer, ChatRenderer, EpisodeRunner, LoopConfig, OpenAICompletionClient, RetryPolicy
 from sao.agents.testing.fake_server import FakeServer, Reply
 from sao.rl.algos import ALGORITHMS, GRPO, PPOClipLoss, ReinforceMean, make_algorithm
-from sao.rl.build import learner_config
+from sao.rl.training.build import learner_config
 from sao.rl.config import (
     AlgoConfig,
     ConfigError,
@@ -32,14 +32,14 @@ from sao.rl.config import (
     scheduler_config,
     validate,
 )
-from sao.rl.learner import Learner
-from sao.rl.metrics_log import REQUIRED_KEYS, rewind_jsonl
-from sao.rl.orchestrated import HealthConfig, OrchestratedRollout, Replica
-from sao.rl.replica_sync import ReplicaWeightSync
-from sao.rl.sync import WeightSync
-from sao.rl.tasks import TaskStream
-from sao.rl.trainer import Trainer, TrainError
-from sao.rl.value import ValueModel
+from sao.rl.learner.learner import Learner
+from sao.rl.learner.value_model import ValueModel
+from sao.rl.prompts.tasks import TaskStream
+from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.training.metrics_log import REQUIRED_KEYS, rewind_jsonl
+from sao.rl.training.trainer import Trainer, TrainError
+from sao.rl.weights.replica_sync import ReplicaWeightSync
+from sao.rl.weights.sync import WeightSync
 
 FAST = RetryPolicy(max_retries=1, backoff_s=0.01, max_backoff_s=0.02)
 _QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")
@@ -105,8 +105,8 @@ def tiny_policy(seed: int = 0):  # type: ignore[no-untyped-def]
 def config(algo: str = "sao", **overrides) -> TrainConfig:  # type: ignore[no-untyped-def]
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (registers the schema and the resolver)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (registers the schema and the resolver)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=[f"algo={algo}"]))
@@ -218,7 +218,7 @@ def test_bad_configs_fail_with_a_message() -> None:
     from hydra.errors import ConfigCompositionException
     from omegaconf.errors import ValidationError
 
-    import sao.rl.train_cli  # noqa: F401
+    import sao.rl.cli.train  # noqa: F401
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         with pytest.raises((ConfigCompositionException, ValidationError)):
@@ -226,12 +226,12 @@ def test_bad_configs_fail_with_a_message() -> None:
         with pytest.raises((ConfigCompositionException, ValidationError)):
             compose("config", overrides=["batch_size=eight"])  # wrong type
         with pytest.raises(ConfigError, match="did you mean 'suffix'"):  # a record's own check: exit 2, not a traceback
-            sao.rl.train_cli.to_config(compose("config", overrides=["engine.speculative=sufix"]))
+            sao.rl.cli.train.to_config(compose("config", overrides=["engine.speculative=sufix"]))
 
 
 def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
     # one row, tokens 1..2 are actions; A = +1 at both
-    from sao.rl.batch import Batch
+    from sao.rl.learner.batch import Batch
 
     logp = torch.tensor([[0.0, -1.0, -2.0]], requires_grad=True)
     batch = Batch(input_ids=torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.long),
@@ -381,7 +381,7 @@ def test_rewind_jsonl_keeps_earlier_steps_and_drops_a_torn_line(tmp_path: Path) 
 
 
 def test_checkpoint_round_trip_restores_rng(tmp_path: Path) -> None:
-    from sao.rl.checkpoint import Checkpointer, TrainState
+    from sao.rl.training.checkpoint import Checkpointer, TrainState
 
     policy = tiny_policy()
     learner = Learner(policy, learner_config(TrainConfig()), value_model=None)
@@ -401,7 +401,7 @@ def test_checkpoint_round_trip_restores_rng(tmp_path: Path) -> None:
 
 
 def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from sao.rl.report import main as report, series
+    from sao.rl.training.report import main as report, series
 
     for name, algo, seed in (("a", "sao", 1), ("b", "sao", 2), ("c", "grpo", 1)):
         run_dir = tmp_path / name
@@ -424,7 +424,7 @@ def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Pa
 
 
 def make_scheduled_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer) -> Trainer:
-    from sao.rl.schedule import ScheduledTaskStream
+    from sao.rl.prompts.curriculum import ScheduledTaskStream
 
     return make_trainer(cfg, run_dir, server, FakeEngine(),
                         tasks=ScheduledTaskStream("arithmetic", cfg.env.kwargs, cfg.seed, cfg.schedule))
@@ -452,7 +452,7 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
     trained = [t for t in trajectories if not t["rollout"]["probe"]]
     assert {t["task_id"].split("-")[0] for t in trained if t["rollout"]["train_step"] >= 2} == {"mul"}
 
-    from sao.rl.report import main as report, online_summary
+    from sao.rl.training.report import main as report, online_summary
 
     assert report([str(straight), "--out", str(tmp_path / "online.png")]) == 0
     shifts, forgot = online_summary(rows, pre_window=1)
@@ -474,7 +474,7 @@ def test_online_schedule_moves_the_task_distribution_probes_and_resumes_exactly(
 def test_episodes_without_a_verdict_are_not_trained_on():
     """A reward of 0.0 from a grading that broke (info error) or could not judge (eval_error) is no reward."""
     from sao.agents.records import Trajectory
-    from sao.rl.trainable import failure
+    from sao.rl.learner.trainable import failure
 
     def t(status="ok", **info):
         return Trajectory(episode_id="e", env="x", task_id="t", sample=0, seed=None, token_ids=(1,), action_mask=(1,),
@@ -490,8 +490,8 @@ def test_episodes_without_a_verdict_are_not_trained_on():
 def composed(*overrides: str) -> TrainConfig:
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401  (registers the schema and the resolver)
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401  (registers the schema and the resolver)
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         return to_config(compose("config", overrides=list(overrides)))
@@ -526,7 +526,7 @@ def test_the_dis_band_follows_the_environments_domain():
 def test_swe_envs_cap_one_turns_answer() -> None:
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli as cli
+    import sao.rl.cli.train as cli
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         for env in ("swe-local", "swe-bench-verified"):
@@ -542,7 +542,7 @@ def test_the_heldout_baseline_runs_while_the_critic_pretrains(tmp_path: Path, se
     forever), and its figures still land on the step-0 line, before step 1."""
     import threading
 
-    from sao.rl.build import heldout_eval
+    from sao.rl.training.build import heldout_eval
 
     cfg = config("sao", max_steps=1, value_pretrain_steps=2, keep_checkpoints=1)
     cfg = replace(cfg, eval=replace(cfg.eval, enabled=True, problems=6, every=0))

@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def real_config(algo: str, server, **overrides) -> TrainConfig:  # type: ignore[no-untyped-def]
     from hydra import compose, initialize_config_module
 
-    import sao.rl.train_cli  # noqa: F401
-    from sao.rl.train_cli import to_config
+    import sao.rl.cli.train  # noqa: F401
+    from sao.rl.cli.train import to_config
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=[f"algo={algo}"]))
@@ -62,7 +62,7 @@ def policy_delta(checkpoint: Path, base_dir: Path) -> float:
 @pytest.mark.long
 @pytest.mark.part("sao-train")
 def test_sao_and_grpo_two_steps_each_with_exact_resume(restore_engine, smollm2_dir: Path, tmp_path: Path) -> None:
-    from sao.rl.build import run_training
+    from sao.rl.training.build import run_training
 
     server = restore_engine
     base_probe = engine_probe(server)
@@ -238,7 +238,7 @@ def test_pipe_grpo_on_the_real_engine(restore_engine, tmp_path: Path) -> None:
     """rollout=pipe algo=grpo on the session's vLLM: complete groups stream to the learner, every
     trajectory is sampled by the weights it is trained at (staleness 0), nothing lost. Sampled through
     the token route (engine.token_route): every token of every turn carries the version that sampled it."""
-    from sao.rl.build import run_training
+    from sao.rl.training.build import run_training
 
     server = restore_engine
     cfg = real_config("grpo", server, max_steps=2, keep_checkpoints=1, batch_size=4)

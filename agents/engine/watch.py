@@ -19,7 +19,7 @@ kept (they were written as they ended), and a resumed run plays the rest. :func:
 does the same for one call that is not an episode (a weight load, a version read): it is made again
 once the engine is back when the engine died under it.
 
-Training watches its replicas in :mod:`sao.rl.replica_health`, which also re-syncs their weights.
+Training watches its replicas in :mod:`sao.rl.rollout.replica_health`, which also re-syncs their weights.
 """
 
 from __future__ import annotations

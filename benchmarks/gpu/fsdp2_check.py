@@ -1,4 +1,4 @@
-"""FSDP2 (``learner.sharding=fsdp2``, sao.rl.sharding) on CUDA: the update on the shards equals the
+"""FSDP2 (``learner.sharding=fsdp2``, sao.rl.learner.sharding) on CUDA: the update on the shards equals the
 single-process update, and the peak GPU memory of a training step, replicated vs sharded. Nothing
 imports this script; it is the GPU twin of tests/test_sharding.py (which runs the same check on two
 gloo CPU ranks).
@@ -25,7 +25,7 @@ What it does, on every rank:
    (r, r + N, ...) with the FSDP2-wrapped copy. PASS when every parameter is within --tol (1e-5:
    fp32 sums over a larger model than the CPU test's, in another order; the CPU test holds 1e-6).
 2. Memory: one AdamW step on each rank's rows, replicated (whole model, gradients all-reduced by
-   sao.rl.data_parallel.DataParallel.sum_grads) then sharded (FSDP2, its reduce-scatter summing),
+   sao.rl.learner.parallel.data_parallel.DataParallel.sum_grads) then sharded (FSDP2, its reduce-scatter summing),
    each from an empty cache with torch.cuda.reset_peak_memory_stats; prints
    torch.cuda.max_memory_allocated per rank.
 Exit status 0 when every check passed. When $OUT is set, the summary is also written to
@@ -100,8 +100,8 @@ def fresh_peak(device: torch.device) -> None:
 
 
 def rank_main(rank: int, args: argparse.Namespace, world: int, init_file: str, out_dir: str) -> None:
-    from sao.rl.data_parallel import DataParallel
-    from sao.rl.sharding import FullyShardedFSDP2
+    from sao.rl.learner.parallel.data_parallel import DataParallel
+    from sao.rl.learner.sharding import FullyShardedFSDP2
 
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -12,7 +12,7 @@
 # What it does: benchmarks/learning_arithmetic.py (the CPU benchmark: same runs, same analysis,
 # same outputs) with GPU settings passed as Hydra overrides (--set), so the algorithms, the
 # budget arithmetic and the statistics are one copy:
-#   device=cuda                     the learner on the GPU (rl/build.py _device)
+#   device=cuda                     the learner on the GPU (rl/training/build.py _device)
 #   optim.bf16=true                 bf16 autocast; attention is then sdpa (model.attn_implementation
 #                                   auto picks eager only on the CPU); master weights stay fp32
 #   model.engine_dtype=bfloat16     what vLLM serves and the weight sync writes (the benchmark starts

@@ -1,7 +1,7 @@
 """The algorithms: one small module per ``algo=...`` name, all on the same data path.
 
-Each algorithm turns a :class:`~sao.rl.batch.Batch` of finished trajectories into one policy update
-(plus its critic's, if it has one) through the :class:`~sao.rl.learner.Learner`'s building blocks.
+Each algorithm turns a :class:`~sao.rl.learner.batch.Batch` of finished trajectories into one policy update
+(plus its critic's, if it has one) through the :class:`~sao.rl.learner.learner.Learner`'s building blocks.
 They differ in exactly two places, which is what the ablations of METHOD.md 1 compare:
 
 =================  ==========  ==================================================  =========
@@ -27,7 +27,7 @@ import difflib
 
 from sao.rl.algos.base import Algorithm, CriticAlgorithm, token_advantages
 from sao.rl.algos.grpo import GRPO, GRPOConfig
-from sao.rl.algos.losses import DISLoss, PPOClipLoss, make_loss
+from sao.rl.algos.policy_losses import DISLoss, PPOClipLoss, make_loss
 from sao.rl.algos.ppo import PPO, PPOConfig
 from sao.rl.algos.reinforce_mean import ReinforceMean, ReinforceMeanConfig
 from sao.rl.algos.sao import SAO, SAOConfig

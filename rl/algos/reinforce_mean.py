@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from sao.rl.advantages import RunningMeanBaseline
 from sao.rl.algos.base import token_advantages
-from sao.rl.algos.losses import DISLoss, make_loss
-from sao.rl.batch import Batch
+from sao.rl.algos.policy_losses import DISLoss, make_loss
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Learner, PolicyLoss
+from sao.rl.learner.batch import Batch
+from sao.rl.learner.learner import Learner, PolicyLoss
+from sao.rl.objectives.advantages import RunningMeanBaseline
 
 
 @dataclass(frozen=True)

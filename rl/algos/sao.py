@@ -2,7 +2,7 @@
 with the length-adaptive lambda, and the DIS loss against the engine's log-probs.
 
 The pieces (:meth:`SAO.advantages`, :meth:`SAO.with_critic_targets`, :meth:`SAO.critic_steps`) are
-built on the :class:`~sao.rl.learner.Learner`'s generic blocks (``predict_values``, ``value_step``,
+built on the :class:`~sao.rl.learner.learner.Learner`'s generic blocks (``predict_values``, ``value_step``,
 ``policy_step``); :class:`~sao.rl.algos.ppo.PPO` reuses them with a fixed lambda.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from sao.rl.advantages import adaptive_lambda, gae_action_tokens, token_rewards
 from sao.rl.algos.base import Stateless
-from sao.rl.algos.losses import DISLoss, make_loss
-from sao.rl.batch import Batch
+from sao.rl.algos.policy_losses import DISLoss, make_loss
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Learner, PolicyLoss, explained_variance
+from sao.rl.learner.batch import Batch
+from sao.rl.learner.learner import Learner, PolicyLoss, explained_variance
+from sao.rl.objectives.advantages import adaptive_lambda, gae_action_tokens, token_rewards
 
 
 @dataclass(frozen=True)

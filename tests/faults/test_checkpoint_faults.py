@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from sao.agents.testing.fake_server import FakeServer
-from sao.rl.build import learner_config
-from sao.rl.checkpoint import Checkpointer, CheckpointError, TrainState
 from sao.rl.config import TrainConfig
-from sao.rl.learner import Learner
-from sao.rl.sync import save_checkpoint
+from sao.rl.learner.learner import Learner
+from sao.rl.training.build import learner_config
+from sao.rl.training.checkpoint import Checkpointer, CheckpointError, TrainState
+from sao.rl.weights.sync import save_checkpoint
 from tests.faults.procs import fill, jsonl, tmpfs
 from tests.test_train import config, make_trainer, responder
 from tests.tiny_models import tiny_llama
@@ -105,7 +105,7 @@ def test_a_full_file_system_fails_the_checkpoint_cleanly_and_keeps_the_previous_
 def test_a_writer_that_raises_enospc_gives_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path,
                                                                                      monkeypatch) -> None:
     """The same without root: the policy's writer raises ENOSPC (what the OS says for a full disk)."""
-    import sao.rl.checkpoint as checkpoint
+    import sao.rl.training.checkpoint as checkpoint
 
     learner = tiny_learner()
     ck = Checkpointer(tmp_path, keep=2)
@@ -147,7 +147,7 @@ def test_a_truncated_checkpoint_is_skipped_for_the_previous_one(damaged: str, tm
         ck.load(second, learner)
     assert same(weights(learner), now)  # refused before anything was read into the learner
 
-    with caplog.at_level(logging.WARNING, logger="sao.rl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="sao.rl.training.checkpoint"):
         chosen = ck.latest()
     assert chosen is not None and chosen.name == "step_000001"
     assert f"step_000002: {damaged}" in caplog.text and "resuming from step_000001" in caplog.text

@@ -1,6 +1,6 @@
 """``rollout=sync`` training whose managed engine dies, with scripted parts (seconds): a tiny policy, the
 scripted server as the engine, which dies mid-rollout or mid-sync. The run's one replica is watched and
-restarted by the rollout driver (:mod:`sao.rl.replica_health`), as in every mode. The run completes: the
+restarted by the rollout driver (:mod:`sao.rl.rollout.replica_health`), as in every mode. The run completes: the
 episodes the death cut are re-queued and run again from their start (each trained once), the restarted
 engine is given the version it served before it samples again, and a cut sync is made again.
 Against the real vLLM: ``test_train_faults.py::test_sync_training_restarts_a_killed_engine``."""
@@ -18,15 +18,15 @@ from sao.agents import OpenAICompletionClient
 from sao.agents.errors import EngineError
 from sao.agents.testing.fake_server import FakeServer
 from sao.rl.algos import make_algorithm
-from sao.rl.build import learner_config
 from sao.rl.config import validate
-from sao.rl.learner import Learner
-from sao.rl.orchestrated import HealthConfig, OrchestratedRollout
-from sao.rl.replica_sync import ReplicaWeightSync
-from sao.rl.sync import WeightSync
-from sao.rl.tasks import TaskStream
-from sao.rl.trainer import Trainer
-from sao.rl.value import ValueModel
+from sao.rl.learner.learner import Learner
+from sao.rl.learner.value_model import ValueModel
+from sao.rl.prompts.tasks import TaskStream
+from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout
+from sao.rl.training.build import learner_config
+from sao.rl.training.trainer import Trainer
+from sao.rl.weights.replica_sync import ReplicaWeightSync
+from sao.rl.weights.sync import WeightSync
 from tests.faults.procs import jsonl
 from tests.test_train import FAST, config, responder, sync_source, tiny_policy
 

@@ -1,0 +1,2 @@
+"""The RL math, as small pure functions tested against hand-derived numbers: advantages and
+baselines (:mod:`.advantages`), policy and value losses (:mod:`.losses`)."""

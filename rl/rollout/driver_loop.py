@@ -1,0 +1,246 @@
+"""The rollout driver's event loop: execute a scheduler's actions on real replicas, feed it their events.
+
+    StartTrajectory(traj, prompt, replica)  -> run one episode on that replica's client (a task)
+                                               ... its end -> TrajectoryFinished(versions per turn)
+    SyncReplica(replica, version)           -> pause (in-flight requests wait), reload
+                                               weights/v{version}, label, reset prefix cache, resume
+                                               ... -> SyncDone
+    TrainOn(step, trajs, final)             -> a part of the learner's next batch, put on ``batches``
+    Discard / Requeue / RecordFailed        -> write the attempt down (nothing is lost)
+
+One consumer (:meth:`DriverLoop.run`) reads the event queue and calls the scheduler, so the
+scheduler needs no lock. Replica health is the :class:`~sao.rl.rollout.replica_health.ReplicaWatcher`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from sao.agents import RolloutMeta, Trajectory
+from sao.rl.prompts.open_prompts import OpenPrompts
+from sao.rl.rollout.failure_streak import FailureStreak
+from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaWatcher
+from sao.rl.rollout.schedulers import (
+    Discard,
+    RecordFailed,
+    ReplicaDied,
+    ReplicaRestarted,
+    Requeue,
+    Scheduler,
+    StartTrajectory,
+    SyncDone,
+    SyncReplica,
+    TrainOn,
+    TrajectoryFinished,
+)
+from sao.rl.learner.trainable import failure
+from sao.rl.prompts.tasks import PromptRef, episode_seed
+from sao.rl.rollout.schedulers.lengths import LengthStats
+from sao.rl.rollout.schedulers.replicas import UNKNOWN_VERSION
+from sao.rl.rollout.sources import RolloutBatch, rollout_meta, rollout_metrics
+from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, version_metrics
+
+log = logging.getLogger(__name__)
+
+RunEpisode = Callable[[Any, PromptRef, int, int], Awaitable[Trajectory]]  # (client, prompt, sample, seed)
+LoadVersion = Callable[[Replica, int], Awaitable[None]]  # load weights/v{version} into a replica
+
+
+class DriverLoop:
+    """Runs ``scheduler`` over ``replicas`` (module doc). ``batches`` receives ``(part, ends the step)``."""
+
+    def __init__(self, scheduler: Scheduler, replicas: list[Replica], prompts: OpenPrompts, *,
+                 run_episode: RunEpisode, load: LoadVersion, seed: int,
+                 on_trajectory: Callable[[Trajectory], None], health: HealthConfig,
+                 on_restart: Callable[[int], None], failing_after: int = 1 << 30):
+        self.scheduler, self.replicas, self.prompts = scheduler, replicas, prompts
+        self.run_episode, self.load, self.seed, self.on_trajectory = run_episode, load, seed, on_trajectory
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.streak = FailureStreak(failing_after)  # that many failed attempts in a row stop the loop
+        self.batches: asyncio.Queue[tuple[RolloutBatch, bool]] = asyncio.Queue()
+        self.health = ReplicaWatcher(replicas, health, report=self.events.put_nowait, orphan=self._orphan,
+                                     spawn=self.spawn, on_restart=on_restart)
+        self._step_trajectories: list[Trajectory] = []  # parts already released for the step being assembled
+        self._finished: dict[int, Trajectory] = {}
+        self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
+        self._failed: list[Trajectory] = []
+        self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
+        self.carried: dict[str, float] = {}  # a resumed run's attempts that earlier processes closed (closed_counts)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._t0 = time.monotonic()
+        self._since_batch = time.monotonic()
+
+    async def run(self) -> None:
+        """Start the schedule and the health watcher, then execute actions as events arrive (forever).
+
+        A replica's death and restart before the schedule started (during its warm-up batches,
+        :mod:`sao.rl.rollout.off_schedule`, which reloaded it) are not the scheduler's: it starts from the
+        replicas as they are, and hears only of one that is still dead."""
+        queued = [self.events.get_nowait() for _ in range(self.events.qsize())]
+        for event in queued:
+            if not isinstance(event, (ReplicaDied, ReplicaRestarted)):
+                self.events.put_nowait(event)
+        self.spawn(self.health.watch())
+        self._execute(self.scheduler.start(self._now()))
+        for rid in sorted(self.health.dead):  # its restart, under way, reports ReplicaRestarted
+            self.events.put_nowait(ReplicaDied(rid, "dead when the schedule started"))
+        while True:
+            event = await self.events.get()
+            if isinstance(event, BaseException):  # a helper task failed for good
+                raise event
+            self._execute(self.scheduler.on_event(event, self._now()))
+            self.scheduler.check()
+
+    def stats(self) -> dict[str, float]:
+        s, c = self.scheduler.stats(), self.carried
+        dead = self.health.dead
+        live = [r.version for i, r in enumerate(self.replicas) if i not in dead] or [UNKNOWN_VERSION]
+        return {
+            "rollout/staleness_max": s.get("staleness/max", 0.0),
+            "rollout/staleness_mean": s.get("staleness/mean", 0.0),
+            "rollout/lost": float(self.lost()),
+            "rollout/requeued": s.get("ledger/requeued", 0.0) + c.get("requeued", 0.0),
+            "rollout/admitted": s.get("ledger/admitted", 0.0) + c.get("admitted", 0.0),
+            "rollout/trained": s.get("ledger/trained", 0.0) + c.get("trained", 0.0),
+            "rollout/failed_total": s.get("ledger/failed", 0.0) + c.get("failed", 0.0),
+            "rollout/in_flight": s.get("rollout/in_flight", 0.0),
+            "rollout/replica_deaths": float(sum(self.health.deaths)),
+            "rollout/replica_restarts": float(sum(self.health.restarts)),
+            "rollout/replicas_live": float(len(self.replicas) - len(dead)),
+            "engine/weight_version": float(max(live)),
+            "engine/weight_version_min": float(min(live)),
+        }
+
+    def closed_counts(self) -> dict[str, float]:
+        """The run's attempts that ended for good so far: admitted (less those in flight or waiting, which
+        a resumed run admits again), trained, re-queued and failed, earlier processes' included; what a
+        resumed run goes on counting from (``carried``). ``lost`` stays this process's own."""
+        s, c = self.scheduler.stats(), self.carried
+        open_ = s.get("ledger/in_flight", 0.0) + s.get("ledger/waiting", 0.0)
+        return {"admitted": c.get("admitted", 0.0) + s.get("ledger/admitted", 0.0) - open_,
+                **{k: c.get(k, 0.0) + s.get(f"ledger/{k}", 0.0) for k in ("trained", "requeued", "failed")}}
+
+    def lost(self) -> int:
+        """Admitted attempts in no bucket: admitted - (in flight + waiting + trained + requeued + failed)."""
+        c = self.scheduler.stats()
+        ended = sum(c.get(f"ledger/{k}", 0.0) for k in ("in_flight", "waiting", "trained", "requeued", "failed"))
+        return int(c.get("ledger/admitted", 0.0) - ended)
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _orphan(self, rid: int) -> int:
+        """Cancel the episodes in flight on dead replica ``rid`` (the scheduler re-queues or fails them)."""
+        orphans = [tid for tid, (start, _) in self._running.items() if start.replica == rid]
+        for tid in orphans:
+            _, task = self._running.pop(tid)
+            task.cancel()
+        return len(orphans)
+
+    def _execute(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, (StartTrajectory, SyncReplica)) and action.replica in self.health.dead:
+                # Decided before the scheduler read the queued ReplicaDied, which ends this attempt
+                # (re-queued) or this sync: nothing to run.
+                log.debug("skipping %r: replica %d is dead", action, action.replica)
+            elif isinstance(action, StartTrajectory):
+                self._running[action.traj_id] = (action, self.spawn(self._episode(action)))
+            elif isinstance(action, SyncReplica):
+                self.spawn(self._sync(action))
+            elif isinstance(action, TrainOn):
+                self._train_on(action)
+            elif isinstance(action, Discard):
+                dropped = self._finished.pop(action.traj_id, None)
+                if dropped is not None:
+                    self.lengths.on_dropped(dropped.num_action_tokens)
+            elif isinstance(action, (Requeue, RecordFailed)):
+                t = self._finished.pop(action.traj_id, None)
+                if isinstance(action, RecordFailed):
+                    self.prompts.close(action.prompt.group_id)
+                    if t is not None:
+                        self._failed.append(t)
+                log.info("trajectory %d %s: %s", action.traj_id,
+                         "re-queued" if isinstance(action, Requeue) else "failed", action.cause)
+            else:
+                raise TypeError(f"unknown action {action!r}")
+
+    async def _episode(self, start: StartTrajectory) -> None:
+        replica = self.replicas[start.replica]
+        ref = self.prompts.refs[start.prompt.group_id]
+        seed = episode_seed(self.seed, ref.index, start.prompt.index + 1000 * start.prompt.attempt)
+        trajectory: Trajectory | None
+        try:
+            trajectory = await self.run_episode(VersionedClient(replica), ref, start.prompt.index, seed)
+        except Exception as exc:  # noqa: BLE001 - an episode that raises is a failed attempt, not a dead loop
+            log.warning("trajectory %d raised %r; recorded as a failed attempt", start.traj_id, exc)
+            trajectory, cause = None, f"episode raised {type(exc).__name__}: {exc}"
+        if trajectory is None or trajectory.status != "ok":
+            # A crashed engine fails every request on it: see it before the failures count against prompts.
+            await self.health.check(start.replica, at_once=True)
+        if start.traj_id not in self._running:
+            return  # its replica died meanwhile; the scheduler re-queued or failed the attempt
+        del self._running[start.traj_id]
+        if trajectory is None:
+            self.events.put_nowait(TrajectoryFinished(start.traj_id, (start.version,), 0, True, cause))
+            self._count(cause)
+            return
+        versions = turn_versions(trajectory, start.version)
+        trajectory = replace(trajectory, rollout=RolloutMeta(ref.index, min(versions), replica=start.replica,
+                                                             attempt=start.prompt.attempt, traj_id=start.traj_id))
+        self.on_trajectory(trajectory)
+        self._finished[start.traj_id] = trajectory
+        cause = failure(trajectory)
+        if cause is None:
+            self.lengths.on_generated(trajectory.num_action_tokens)
+        self.events.put_nowait(TrajectoryFinished(start.traj_id, versions, trajectory.num_action_tokens,
+                                                  cause is not None, cause or ""))
+        self._count(cause)
+
+    def _count(self, cause: str | None) -> None:
+        """An attempt ended on a live replica: the loop stops once too many in a row failed (FailureStreak)."""
+        error = self.streak.ended(cause)
+        if error is not None:
+            self.events.put_nowait(error)
+
+    async def _sync(self, action: SyncReplica) -> None:
+        rid, replica = action.replica, self.replicas[action.replica]
+        generation = self.health.generation[rid]
+        if replica.version == UNKNOWN_VERSION:  # restarted: it serves the weights it was launched with
+            log.warning("replica %d, restarted, loads version %d before it serves again", rid, action.version)
+        try:
+            await self.load(replica, action.version)
+        except Exception as exc:  # noqa: BLE001 - a replica that cannot load weights is treated as dead
+            if self.health.current(rid, generation):
+                log.warning("replica %d failed to load version %d: %r", rid, action.version, exc)
+                self.health.declare_dead(rid, f"weight reload failed: {exc}")
+            return
+        if self.health.current(rid, generation):
+            self.events.put_nowait(SyncDone(rid, action.version))
+
+    def _train_on(self, action: TrainOn) -> None:
+        trajectories = tuple(self._finished.pop(t) for t in action.traj_ids)
+        self._step_trajectories += trajectories
+        metrics: dict[str, float] = {}
+        if action.final:
+            step, self._step_trajectories = self._step_trajectories, []
+            for t in step:
+                self.lengths.on_trained(t.num_action_tokens)
+            staleness = [action.step - rollout_meta(t).policy_version for t in step]
+            wall, self._since_batch = time.monotonic() - self._since_batch, time.monotonic()
+            metrics = {**rollout_metrics(step, step, wall), **self.stats(), **self.lengths.metrics(),
+                       **version_metrics(step, action.step),
+                       "rollout/batch_staleness_max": float(max(staleness)),
+                       "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
+        failed, self._failed = tuple(self._failed), []
+        self.batches.put_nowait((RolloutBatch(trajectories, failed, (), metrics), action.final))

@@ -1,0 +1,324 @@
+"""Streaming modes: ``async`` (SAO, METHOD.md 1.10) and ``multi_version`` (DORA, METHOD.md 2).
+
+Both keep the engines busy with single rollouts (group size 1) and hand the trainer a batch as
+soon as ``batch_size`` finished trajectories allow one; they differ in how they keep staleness
+bounded.
+
+``async``: every replica syncs to the newest version right after each optimizer step, pausing its
+in-flight requests for the sync and resuming them on the new weights, so a trajectory may span
+versions (the driver reports the version of each turn/token). Admission control: at most
+``outstanding_limit`` trajectories are in flight or waiting (AReaL-style, default (k + 1) batches).
+The trainer takes finished trajectories in finishing order; one whose oldest version is more than
+k behind the learner is dropped and its prompt re-queued (``drop``), or trained anyway and counted
+``masked`` (``mask``: the learner's DIS mask handles it).
+
+``multi_version``: C1, C2 and C3 hold by construction.
+* C1: a replica changes weights only when it has nothing in flight. After a step, empty replicas
+  sync at once; a replica whose version falls more than ``admit_lag`` behind, or whose load is at
+  most ``drain_below`` of its capacity, stops admitting (DRAINING) and syncs once empty. New work
+  goes to the newest version only (METHOD.md 2; ``admit_lag = 0``, the default), least-loaded
+  replica first. With ``admit_lag = N > 0`` it overflows to replicas up to N versions behind while
+  their staleness budget allows (the older, lagged admission; an option).
+* C2: nothing is dropped or cut for being long.
+* C3: let ``N`` be the learner version of the next step; the j-th next step (j = 1, 2, ...) trains
+  at ``N + j - 1``, so every untrained trajectory of version ``v`` must be in one of the first
+  ``J(v) = v + k - N + 1`` steps. Admission keeps ``#{untrained with J <= j} <= j * batch_size``
+  for every j; the trainer fills a batch oldest version first and waits (rather than step past a
+  trajectory) while a trajectory with ``J = 1`` is still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+
+from sao.rl.rollout.schedulers.book import Book
+from sao.rl.rollout.schedulers.core import (
+    Action,
+    ConfigError,
+    Event,
+    LedgerError,
+    Prompt,
+    PromptSource,
+    ReplicaDied,
+    ReplicaRestarted,
+    ReplicaStatus,
+    SchedulerConfig,
+    SyncDone,
+    SyncReplica,
+    TrainStepDone,
+    TrajectoryFinished,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _single_rollout(name: str, config: SchedulerConfig) -> None:
+    if config.group_size != 1:
+        raise ConfigError(f"{name} samples one rollout per prompt (SAO); set group_size=1, "
+                          f"got {config.group_size} (use `pipe` or `sync` for GRPO groups)")
+
+
+class AsyncScheduler:
+    """SAO's continuous single-rollout streaming; weights update under running trajectories."""
+
+    name = "async"
+
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        _single_rollout(self.name, config)
+        self.config = config
+        self.book = Book(config, n_replicas, source, start_version)
+        self.waiting: deque[int] = deque()  # finished, in finishing order
+        self.masked = 0
+
+    def start(self, now: float) -> list[Action]:
+        return self._admit(now)
+
+    def on_event(self, event: Event, now: float) -> list[Action]:
+        book, out = self.book, []
+        if isinstance(event, TrajectoryFinished):
+            a = book.finished(event.traj_id)
+            if a is not None and event.failed:
+                actions, retry = book.lost(event.traj_id, event.cause or "episode failed")
+                out += actions
+                self._queue(retry)
+            elif a is not None:
+                book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
+                self.waiting.append(event.traj_id)
+        elif isinstance(event, TrainStepDone):
+            book.step_done(event.version)
+            out += [book.sync(r.rid) for r in book.pool if r.status is ReplicaStatus.SERVING]
+        elif isinstance(event, SyncDone):
+            if book.pool.end_sync(event.replica, event.version) and event.version < book.published:
+                out.append(book.sync(event.replica))  # a newer version came out meanwhile
+        elif isinstance(event, ReplicaDied):
+            actions, routed = book.died(event)
+            out += actions
+            for _, retry in routed:
+                self._queue(retry)
+        elif isinstance(event, ReplicaRestarted):
+            out += book.restarted(event.replica)
+        else:
+            raise TypeError(f"{self.name}: unknown event {event!r}")
+        return out + self._train() + self._admit(now)
+
+    def stats(self) -> dict[str, float]:
+        return {**self.book.stats(), "staleness/masked": float(self.masked)}
+
+    def check(self) -> None:
+        self.book.check()
+
+    def _queue(self, retry: Prompt | None) -> None:
+        if retry is not None:
+            self.book.retries.appendleft(retry)
+
+    def _train(self) -> list[Action]:
+        book, cfg = self.book, self.config
+        if book.training or len(self.waiting) < cfg.batch_size:
+            return []
+        out: list[Action] = []
+        batch: list[int] = []
+        while self.waiting and len(batch) < cfg.batch_size:
+            tid = self.waiting.popleft()
+            a = book.ledger.get(tid)
+            assert a is not None
+            staleness = book.next_step - a.oldest_version
+            if staleness > cfg.staleness:
+                if cfg.stale_policy == "drop":
+                    actions, retry = book.drop_stale(tid, staleness)
+                    out += actions
+                    self._queue(retry)
+                    continue
+                self.masked += 1
+            batch.append(tid)
+        if len(batch) < cfg.batch_size:
+            self.waiting.extendleft(reversed(batch))
+            return out
+        action, _ = book.train(batch)
+        return out + [action]
+
+    def _admit(self, now: float) -> list[Action]:
+        book = self.book
+        c = book.ledger.counts
+        room = self.config.outstanding_limit - c["in_flight"] - c["waiting"]
+        if room <= 0:
+            return []
+        return [book.start(book.next_prompt(), rid, now) for rid in book.pool.assign(room)]
+
+
+class MultiVersionScheduler:
+    """DORA: several versions serve at once; C1 (one version per trajectory), C2 (no drops) and
+    C3 (staleness <= k) hold by construction (module docstring)."""
+
+    name = "multi_version"
+
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        _single_rollout(self.name, config)
+        self.config = config
+        self.book = Book(config, n_replicas, source, start_version)
+        self.waiting: dict[int, int] = {}  # finished traj id -> version, in finishing order
+        self.in_flight: Counter[int] = Counter()  # version -> in-flight trajectories
+        self.untrained: Counter[int] = Counter()  # version -> in flight or waiting
+        self._version_of: dict[int, int] = {}  # in-flight traj id -> version
+        self._blocked: set[int] = set()  # steps the trainer had a batch for but waited on a due trajectory
+
+    # ------------------------------------------------------------ Scheduler protocol
+
+    def start(self, now: float) -> list[Action]:
+        return self._admit(now)
+
+    def on_event(self, event: Event, now: float) -> list[Action]:
+        book, out = self.book, []
+        if isinstance(event, TrajectoryFinished):
+            a = book.finished(event.traj_id)
+            if a is not None:
+                self._leave(event.traj_id)
+                if event.failed:
+                    self._forget(a.version)
+                    actions, retry = book.lost(event.traj_id, event.cause or "episode failed")
+                    out += actions
+                    self._queue(retry)
+                else:
+                    if any(v != a.version for v in event.versions):
+                        raise LedgerError(f"C1 broken: trajectory {event.traj_id} started on version {a.version} "
+                                          f"but reports versions {sorted(set(event.versions))}")
+                    book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
+                    self.waiting[event.traj_id] = a.version
+                out += self._upkeep(a.replica)
+        elif isinstance(event, TrainStepDone):
+            book.step_done(event.version)
+            for r in book.pool:
+                out += self._upkeep(r.rid)
+        elif isinstance(event, SyncDone):
+            if book.pool.end_sync(event.replica, event.version):
+                out += self._upkeep(event.replica)
+        elif isinstance(event, ReplicaDied):
+            for tid in book.pool[event.replica].in_flight:
+                self._forget(self._leave(tid))
+            actions, routed = book.died(event)
+            out += actions
+            for _, retry in routed:
+                self._queue(retry)
+        elif isinstance(event, ReplicaRestarted):
+            out += book.restarted(event.replica)
+        else:
+            raise TypeError(f"{self.name}: unknown event {event!r}")
+        return out + self._train() + self._admit(now)
+
+    def stats(self) -> dict[str, float]:
+        versions = {r.version for r in self.book.pool if r.status in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)}
+        return {**self.book.stats(), "multi_version/versions_live": float(len(versions)),
+                "multi_version/blocked_steps": float(len(self._blocked))}
+
+    def check(self) -> None:
+        self.book.check()
+        for r in self.book.pool:
+            if r.status is ReplicaStatus.SYNCING and r.in_flight:
+                raise LedgerError(f"C1 broken: replica {r.rid} syncs with {len(r.in_flight)} trajectories in flight")
+        c = self.book.ledger.counts
+        if sum(self.untrained.values()) != c["in_flight"] + c["waiting"] or len(self.waiting) != c["waiting"]:
+            raise LedgerError(f"per-version counts {dict(self.untrained)} disagree with the ledger {dict(c)}")
+
+    # ------------------------------------------------------------ internals
+
+    def _queue(self, retry: Prompt | None) -> None:
+        if retry is not None:
+            self.book.retries.appendleft(retry)
+
+    def _leave(self, tid: int) -> int:
+        """``tid`` is no longer in flight; returns its version."""
+        v = self._version_of.pop(tid)
+        self.in_flight[v] -= 1
+        if not self.in_flight[v]:
+            del self.in_flight[v]
+        return v
+
+    def _forget(self, version: int) -> None:
+        """One trajectory of ``version`` will not be trained (trained, re-queued or failed)."""
+        self.untrained[version] -= 1
+        if not self.untrained[version]:
+            del self.untrained[version]
+
+    def _upkeep(self, rid: int) -> list[Action]:
+        """Upgrade an empty old replica; make a too-old or lightly loaded one drain."""
+        book, cfg = self.book, self.config
+        r = book.pool[rid]
+        if r.status not in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING) or r.version >= book.published:
+            return []
+        if r.load == 0:
+            return [self._sync(rid)]
+        if r.version < book.published - cfg.admit_lag or r.load <= cfg.drain_below * cfg.max_concurrency:
+            r.status = ReplicaStatus.DRAINING
+        return []
+
+    def _sync(self, rid: int) -> SyncReplica:
+        if self.book.pool[rid].in_flight:
+            raise LedgerError(f"C1: refusing to sync replica {rid} with trajectories in flight")
+        return self.book.sync(rid)
+
+    def _due_step(self, version: int) -> int:
+        """J(v): a trajectory of ``version`` must be in one of the next J(v) steps."""
+        return version + self.config.staleness - self.book.next_step + 1
+
+    def _room(self, version: int) -> int:
+        """How many more trajectories may start on ``version`` without breaking C3 later."""
+        k, B = self.config.staleness, self.config.batch_size
+        first = self._due_step(version)
+        if first < 1:
+            return 0
+        room = None
+        for j in range(first, k + 2):
+            limit = self.book.next_step + j - 1 - k
+            count = sum(n for v, n in self.untrained.items() if v <= limit)
+            slack = j * B - count
+            room = slack if room is None else min(room, slack)
+        return max(room or 0, 0)
+
+    def _admit(self, now: float) -> list[Action]:
+        book, cfg = self.book, self.config
+        versions = sorted({r.version for r in book.pool if r.status is ReplicaStatus.SERVING}, reverse=True)
+        out: list[Action] = []
+        for v in versions:
+            if v < book.published - cfg.admit_lag:
+                break
+            room = self._room(v)
+            if room <= 0:
+                continue
+            for rid in book.pool.assign(room, lambda r, v=v: r.version == v):
+                action = book.start(book.next_prompt(), rid, now)
+                self._version_of[action.traj_id] = v
+                self.in_flight[v] += 1
+                self.untrained[v] += 1
+                out.append(action)
+        return out
+
+    def _train(self) -> list[Action]:
+        book, cfg = self.book, self.config
+        if book.training or len(self.waiting) < cfg.batch_size:
+            return []
+        order = sorted(self.waiting, key=lambda t: self.waiting[t])  # stable: oldest version, then finishing order
+        batch = order[:cfg.batch_size]
+        if not self._can_step(batch):
+            self._blocked.add(book.next_step)
+            return []
+        for t in batch:
+            self._forget(self.waiting.pop(t))
+        action, _ = book.train(batch)
+        return [action]
+
+    def _can_step(self, batch: list[int]) -> bool:
+        """The step may go ahead if what it leaves keeps the admission invariant one step later:
+        ``#{remaining with J <= j + 1} <= j * batch_size`` for j = 0..k (j = 0: nothing due now is
+        left behind). Otherwise the trainer waits for older trajectories to finish; once they all
+        have, the oldest-first batch always passes, so waiting never deadlocks."""
+        k, B, N = self.config.staleness, self.config.batch_size, self.book.next_step
+        remaining = Counter(self.untrained)
+        for t in batch:
+            remaining[self.waiting[t]] -= 1
+        for j in range(k + 1):
+            limit = N + j - k  # J(v) <= j + 1  <=>  v <= N + j - k
+            if sum(n for v, n in remaining.items() if v <= limit) > j * B:
+                return False
+        return True

@@ -1,0 +1,383 @@
+"""The training loop: rollout -> batch -> update -> weight sync -> log -> checkpoint, one policy step at a time.
+
+    resume from RUN_DIR/checkpoints/latest (resume=true), else start at step 0
+    sync the learner's policy into the engine as version `step`      # the engine serves what we train
+    critic-only pretraining: value_pretrain_steps batches (critic algorithms only), while the
+        held-out baseline is evaluated at version 0
+    for step in step+1 .. max_steps:
+        batch   = source.next_batch(batch_size, version)              # finished, rewarded trajectories
+        metrics = algo.update(learner, collate(batch))                # the critic's steps, one policy step
+        sync(policy, version = step)                                  # save + reload into vLLM (+ probe: engine.probe_every)
+        log(step, metrics); checkpoint every `checkpoint_every` steps and at the end
+
+Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
+critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
+``rollout.train_step`` = the step being sampled for when it ended, 0 for pretraining), ``batches.jsonl``
+(one line per policy step: which episodes -- prompt index, sample, attempt, version -- it trained
+on; the audit trail that no prompt is trained twice), ``checkpoints/``, ``weights/``
+(the engine's versioned safetensors) and ``tensorboard/``. :func:`sao.rl.training.build.run_training` builds
+the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from torch import nn
+
+from sao.agents.store import TrajectoryWriter
+from sao.rl.algos import Algorithm
+from sao.rl.algos.base import PartwiseAlgorithm
+from sao.rl.config import TrainConfig
+from sao.rl.learner.batch import collate
+from sao.rl.learner.batch import Batch
+from sao.rl.learner.learner import Learner
+from sao.rl.learner.memory import release, rss_gb
+from sao.rl.training.checkpoint import Checkpointer, TrainState
+from sao.rl.training.engine_step import StepEngineMetrics
+from sao.rl.training.heldout import HeldOutEval, improvement
+from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
+from sao.rl.rollout.sources import (
+    ProbingSource,
+    RolloutBatch,
+    RolloutSource,
+    ScheduledSource,
+    StreamingSource,
+    rollout_meta,
+)
+from sao.rl.learner.torch_thread import TorchThread
+from sao.rl.learner.trainable import failure
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """The run cannot go on (every trajectory of a batch failed, a run folder in the way, ...)."""
+
+
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """:class:`TrainError` when ``run_dir`` already holds a run (a non-empty ``metrics.jsonl``)."""
+    metrics = RunFiles(Path(run_dir)).metrics
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
+                         "or choose another output_dir")
+
+
+class Syncer(Protocol):
+    async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
+                   recent: Sequence[Any] = ()) -> dict[str, float]: ...
+
+
+@dataclass
+class RunFiles:
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def pretrain(self) -> Path:
+        return self.root / "value_pretrain.jsonl"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectories.jsonl"
+
+    @property
+    def batches(self) -> Path:
+        return self.root / "batches.jsonl"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "weights"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+
+class Trainer:
+    """Drives one run (module doc). ``sinks`` receive the per-step metrics besides ``metrics.jsonl``."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        *,
+        learner: Learner,
+        algo: Algorithm,
+        source: RolloutSource,
+        weight_sync: Syncer,
+        pad_id: int,
+        sinks: list[MetricsSink] | None = None,
+        tasks: Any = None,
+        heldout: HeldOutEval | None = None,
+        thread: TorchThread | None = None,
+        engine_metrics: StepEngineMetrics | None = None,
+    ):
+        self.cfg, self.files = cfg, RunFiles(Path(run_dir))
+        self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
+        self.pad_id = pad_id
+        self.tasks = tasks  # a ScheduledTaskStream the source draws from (online learning), or None
+        self.extra_sinks = list(sinks or [])
+        self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
+        self.thread = thread or TorchThread()  # every torch call of the run happens on this one thread
+        self.engine_metrics = engine_metrics  # the replicas' /metrics per step (prefix-cache hits, speculation)
+        self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
+        self.state = TrainState(0, 0, 0, {}, {})
+        self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
+        self._writer: TrajectoryWriter | None = None
+        self._lineage: Any = None  # RUN_DIR/batches.jsonl while run() runs
+
+    # ---- start / resume --------------------------------------------------------------------------
+
+    def prepare(self) -> TrainState:
+        """Load the latest checkpoint (``resume=true``) or check that the folder is free; rewind the logs."""
+        files, cfg = self.files, self.cfg
+        files.root.mkdir(parents=True, exist_ok=True)
+        folder = self.checkpointer.latest() if cfg.resume else None
+        if folder is not None:
+            self.state = self.checkpointer.load(folder, self.learner)
+            self.source.load_state_dict(self.state.source)
+            self.algo.load_state_dict(self.state.algo)
+            log.info("resuming from %s (step %d, %d critic pretraining steps done)", folder, self.state.step,
+                     self.state.pretrain_steps)
+        elif not cfg.resume:
+            refuse_to_overwrite(files.root)
+        else:
+            log.warning("resume=true but %s has no checkpoint; starting from step 0", files.checkpoints)
+        # Whatever was logged after the checkpoint is redone: drop it so no step appears twice.
+        step = self.state.step if folder is not None else -1
+        rewind_jsonl(files.metrics, step, "step")
+        rewind_jsonl(files.trajectories, step, "train_step")
+        rewind_jsonl(files.batches, step, "step")
+        rewind_jsonl(files.eval, step, "step")
+        rewind_jsonl(files.pretrain, self.state.pretrain_steps if folder is not None else -1, "pretrain_step")
+        return self.state
+
+    def _record(self, trajectory: Any) -> None:
+        from dataclasses import replace
+
+        if self._writer is not None:
+            meta = replace(rollout_meta(trajectory), train_step=self._train_step)
+            self._writer.write(replace(trajectory, rollout=meta))
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        cfg, files = self.cfg, self.files
+        state = await self.thread.run(self.prepare)  # a resume loads the learner's tensors
+        sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
+        pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
+        self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
+        self._lineage = files.batches.open("a", encoding="utf-8")
+        self.source.on_trajectory = self._record
+        last: dict[str, Any] = {}
+        finished = False
+        try:
+            # The engine must serve exactly the learner's policy before anything is sampled.
+            first = await self.weight_sync.sync(self.learner.policy, state.version, probe=cfg.engine.probe)
+            self.source.on_weights(state.version)
+            log.info("engine serves version %d (sync %.2f s, probe gap %s)", state.version, first.get("perf/sync_s", 0),
+                     first.get("sync/probe_gap"))
+            if self.engine_metrics is not None:
+                await self.engine_metrics.start()  # the first step's window starts here
+            if self.heldout is not None and state.step == 0:
+                # the baseline, before any policy step, at version 0, concurrent with the critic's
+                # pretraining, which samples from the same version 0 and trains on the learner's
+                # thread (the engine and the learner work at once instead of in turn)
+                baseline = asyncio.create_task(self._evaluate(0))
+                try:
+                    await self._pretrain_critic(pretrain_sink)
+                    sink.log(0, await baseline)
+                finally:  # the pretraining failed or was interrupted: stop the evaluation, and
+                    baseline.cancel()  # collect its outcome either way (a no-op once it has finished)
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await baseline
+            else:
+                await self._pretrain_critic(pretrain_sink)
+            for step in range(state.step + 1, cfg.max_steps + 1):
+                last = await self._step(step)
+                if step == cfg.max_steps:
+                    last |= self._improvement()
+                sink.log(step, last)
+                if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                    await self.thread.run(self._save, step)
+            finished = True
+        finally:
+            if isinstance(self.source, ScheduledSource):
+                await self.source.aclose()
+            sink.close()
+            if pretrain_sink is not None:
+                pretrain_sink.close()
+            if self._writer is not None:
+                self._writer.close()
+            self._lineage.close()
+            self.thread.close(wait=finished)  # interrupted: do not wait for an update in hand (TorchThread.close)
+        return last
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return self.heldout is not None and (step == self.cfg.max_steps or (every > 0 and step % every == 0))
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        assert self.heldout is not None
+        result = await self.heldout.run(step)
+        acc = result.accuracy
+        log.info("held-out accuracy at step %d: %.3f [%.3f, %.3f] on %d problems (%.1f s)", step, acc.value, acc.low,
+                 acc.high, len(result.correct), result.wall_s)
+        return result.metrics()
+
+    def _improvement(self) -> dict[str, float]:
+        """The paired change of held-out accuracy from the first evaluation to the last (module doc of
+        :mod:`sao.rl.training.heldout`), logged with the last step and printed."""
+        found = improvement(self.files.eval) if self.heldout is not None else None
+        if found is None:
+            return {}
+        first, last, before, after, delta = found
+        log.info("held-out accuracy %.3f -> %.3f, %s (95%% interval; step %d -> %d, %d problems)", before.value,
+                 after.value, delta, first, last, len(self.heldout.task_ids))
+        return {"eval/delta": delta.value, "eval/delta_low": delta.low, "eval/delta_high": delta.high,
+                "eval/first_accuracy": before.value}
+
+    async def _pretrain_critic(self, sink: JsonlSink | None) -> None:
+        cfg = self.cfg
+        if not self.algo.uses_critic or self.state.pretrain_steps >= cfg.value_pretrain_steps:
+            return
+        self._train_step = 0
+        while self.state.pretrain_steps < cfg.value_pretrain_steps:
+            t0 = time.monotonic()
+            if self.tasks is not None:
+                self.tasks.set_step(0)
+            # a scheduled source keeps critic-only batches out of its step count (no policy step follows)
+            collect = self.source.warmup_batch if isinstance(self.source, ScheduledSource) else self.source.next_batch
+            rollout = await collect(cfg.batch_size, self.state.version)
+            batch = self._collate(rollout, self.state.pretrain_steps + 1)
+            metrics = await self.thread.run(self.algo.pretrain_critic, self.learner, batch)  # a CriticAlgorithm
+            n = self.state.pretrain_steps + 1
+            self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
+                                    self.algo.state_dict())
+            if sink is not None:
+                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, **self._observe(0, rollout.trajectories),
+                             "perf/step_s": time.monotonic() - t0})
+            log.info("critic pretraining %d/%d: value mse %.4f", n, cfg.value_pretrain_steps, metrics.get("value/mse", math.nan))
+        await self.thread.run(self._save, self.state.step)
+
+    async def _step(self, step: int) -> dict[str, Any]:
+        cfg, learner = self.cfg, self.learner
+        t0 = time.monotonic()
+        self._train_step = step
+        if self.tasks is not None:
+            self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
+        algo, source = self.algo, self.source
+        if (isinstance(algo, PartwiseAlgorithm) and algo.streams and isinstance(source, StreamingSource)
+                and source.streams_parts):
+            rollout, metrics, update_s = await self._update_in_parts(step, algo, source)
+        else:
+            rollout = await self.source.next_batch(cfg.batch_size, self.state.version)
+            batch = self._collate(rollout, step)
+            t_update = time.monotonic()
+            metrics = await self.thread.run(self.algo.update, learner, batch)
+            update_s = time.monotonic() - t_update
+        engine = await self.engine_metrics.step() if self.engine_metrics is not None else {}
+        self._log_lineage(step, rollout.trajectories)
+        online = self._observe(step, rollout.trajectories)
+        probe = cfg.engine.probe and (step % cfg.engine.probe_every == 0 or step == cfg.max_steps)
+        synced = await self.weight_sync.sync(learner.policy, step, probe=probe,
+                                             recent=rollout.trajectories[:cfg.engine.action_probes])
+        self.source.on_weights(step)
+        if isinstance(self.source, ScheduledSource):  # the driver: its ledger and replica versions now
+            synced = {**synced, **self.source.stats()}
+        if self.tasks is not None and self.tasks.probe_due(step):
+            online |= await self._probe(step)
+        if self._eval_due(step):
+            online |= await self._evaluate(step)
+        self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
+        release()  # the step's freed activations go back to the system, not into the next step's peak
+        rss, peak = rss_gb()
+        return {**rollout.metrics, **engine, **metrics, **synced, **online, "rollout/weight_version": step - 1,
+                "perf/update_s": update_s, "perf/step_s": time.monotonic() - t0, "perf/rss_gb": peak,
+                "perf/rss_now_gb": rss}
+
+    async def _update_in_parts(self, step: int, algo: PartwiseAlgorithm,
+                               source: StreamingSource) -> tuple[Any, dict[str, Any], float]:
+        """RolloutPipe's CGP: backward each part of the batch (complete groups) as the source
+        releases it, while the rest is still being generated; one optimizer step at the end."""
+        learner, parts, update_s = self.learner, [], 0.0
+        algo.begin(learner)
+        async for part in source.next_parts(self.cfg.batch_size, self.state.version):
+            parts.append(part)
+            if part.trajectories:
+                batch = collate(list(part.trajectories), self.pad_id)
+                t0 = time.monotonic()
+                await self.thread.run(algo.accumulate, learner, batch)
+                update_s += time.monotonic() - t0
+        rollout = RolloutBatch.join(parts)
+        self._check(rollout, step)  # before the optimizer step: an all-failed batch stops the run
+        t0 = time.monotonic()
+        metrics = await self.thread.run(algo.finish, learner)
+        return rollout, metrics, update_s + time.monotonic() - t0
+
+    def _log_lineage(self, step: int, trajectories: Any) -> None:
+        if self._lineage is None:
+            return
+        episodes = [{"task_id": t.task_id, "sample": t.sample, "prompt_index": (m := rollout_meta(t)).prompt_index,
+                     "attempt": m.attempt, "policy_version": m.policy_version, "replica": m.replica}
+                    for t in trajectories]
+        self._lineage.write(json.dumps({"step": step, "episodes": episodes}, separators=(",", ":")) + "\n")
+        self._lineage.flush()
+
+    def _observe(self, step: int, trajectories: Any) -> dict[str, float]:
+        """Feed the schedule this step's rewards; per-family rewards and the schedule's state as metrics."""
+        if self.tasks is None:
+            return {}
+        from sao.rl.prompts.curriculum import family_metrics
+
+        return {**family_metrics(self.tasks.observe(step, trajectories)), **self.tasks.metrics()}
+
+    async def _probe(self, step: int) -> dict[str, float]:
+        """Every family seen so far, on the new weights, not trained on (forgetting): ``probe/family/<f>``."""
+        from sao.rl.prompts.curriculum import family_metrics, family_rewards
+
+        if not isinstance(self.source, ProbingSource):
+            raise TrainError(f"{type(self.source).__name__} cannot run forgetting probes (it has no evaluate)")
+        trajectories = await self.source.evaluate(self.tasks.probes())
+        lag = {"probe/version_lag": float(step - min(rollout_meta(t).policy_version for t in trajectories))
+               } if trajectories else {}  # a scheduled mode's replicas may not serve the newest version yet
+        return family_metrics(family_rewards(step, trajectories, probe=True)) | lag
+
+    def _collate(self, rollout: Any, step: int) -> Any:
+        self._check(rollout, step)
+        return collate(list(rollout.trajectories), self.pad_id).sorted_by_length()  # less padding per micro-batch
+
+    def _check(self, rollout: Any, step: int) -> None:
+        """:class:`TrainError` when every trajectory failed; a warning when some did."""
+        if not rollout.trajectories:
+            causes = sorted({failure(t) or "unknown" for t in rollout.failed})
+            raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
+                             "They are recorded in trajectories.jsonl; fix the cause and rerun with resume=true")
+        if rollout.failed:
+            log.warning("step %d: %d of %d trajectories failed and are not trained on (recorded in %s)", step,
+                        len(rollout.failed), len(rollout.failed) + len(rollout.trajectories), self.files.trajectories)
+
+    def _save(self, step: int) -> None:
+        path = self.checkpointer.save(self.learner, self.state)
+        log.info("checkpoint %s (step %d)", path, step)
