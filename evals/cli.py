@@ -15,8 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sao.agents import AgentError, Trajectory
-from sao.agents.engine.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_schedule
-from sao.agents.engine.watch import EngineRestartsExhausted
+from sao.agents.engine import SPECULATIVE_METHODS, EngineRestartsExhausted, SpeculativeConfig, parse_schedule
 from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_as_interrupt
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args

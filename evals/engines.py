@@ -15,12 +15,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from sao.agents.clients.endpoint import Endpoint, open_endpoint
-from sao.agents.engine.control import EngineClient
-from sao.agents.engine.fleet import open_replicas
-from sao.agents.engine.meter import EngineMeter
-from sao.agents.engine.metrics import EngineMetrics
-from sao.agents.engine.speculative import SpeculativeConfig
+from sao.agents.clients import Endpoint, open_endpoint
+from sao.agents.engine import EngineClient, EngineMeter, EngineMetrics, SpeculativeConfig, open_replicas
 
 if TYPE_CHECKING:
     from .runner import EvalConfig

@@ -45,15 +45,11 @@ from sao.agents import (
     Trajectory,
     run_text_episode,
 )
-from sao.agents.clients.endpoint import ENDPOINT_MODES, Endpoint
-from sao.agents.engine.fleet import routed
-from sao.agents.engine.speculative import SpeculativeConfig
-from sao.agents.engine.watch import EngineWatch, rerun_on_death, watching
+from sao.agents.clients import ENDPOINT_MODES, Endpoint
+from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death, routed, watching
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.loop.env_calls import INFRASTRUCTURE
-from sao.agents.loop.episodes import opened, unplayed
-from sao.agents.loop.scripted import run_graded_patch, run_scripted_episode
-from sao.agents.routing.client import RoutingClient
+from sao.agents.loop import INFRASTRUCTURE, opened, run_graded_patch, run_scripted_episode, unplayed
+from sao.agents.routing import RoutingClient
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies

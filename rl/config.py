@@ -12,8 +12,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sao.agents.engine.speculative import SpeculativeConfig, check_schedule
-from sao.rl.learner.lr_schedule import LrSchedule
+from sao.agents.engine import SpeculativeConfig, check_schedule
+from sao.rl.learner import LrSchedule
 
 
 @dataclass
@@ -410,8 +410,7 @@ def engine_urls(base_url: str | None) -> list[str]:
 
 def scheduler_config(cfg: TrainConfig) -> Any:
     """The :class:`sao.rl.rollout.schedulers.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
-    from sao.rl.rollout.schedulers import ConfigError as RolloutConfigError
-    from sao.rl.rollout.schedulers import SchedulerConfig
+    from sao.rl.rollout.schedulers import ConfigError as RolloutConfigError, SchedulerConfig
 
     r = cfg.rollout
     try:

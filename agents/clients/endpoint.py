@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from ..engine.speculative import SpeculativeConfig
+from ..engine import SpeculativeConfig
 from ..errors import EngineError
 from .probe import probe_mode
 
 if TYPE_CHECKING:
-    from ..engine.server import VLLMServer
+    from ..engine import VLLMServer
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..clients.completions import OpenAICompletionClient
-from ..clients.endpoint import Endpoint
-from ..routing.client import RoutedReplica, RoutingClient
-from ..routing.routers import make_router
+from ..clients import Endpoint, OpenAICompletionClient
+from ..routing import RoutedReplica, RoutingClient, make_router
 from .control import EngineClient
 from .speculative import SpeculativeConfig
 from .watch import watching

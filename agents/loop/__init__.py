@@ -2,3 +2,17 @@
 endpoint (:mod:`.text_loop`), a scripted policy instead of a model (:mod:`.scripted`), one episode of a
 registered environment start to end (:mod:`.episodes`), calls into the environment's code
 (:mod:`.env_calls`) and tool calls out of sampled text (:mod:`.tools`)."""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "env_calls": ["INFRASTRUCTURE", "EnvCodeError", "failure_of"],
+        "episodes": ["EpisodeRunner", "Renderers", "opened", "unplayed"],
+        "scripted": ["run_graded_patch", "run_scripted_episode"],
+        "text_loop": ["run_text_episode"],
+        "token_loop": ["LoopConfig", "run_episode"],
+        "tools": ["assistant_message", "check_native_tool_calls", "parse_tool_calls"],
+    },
+)

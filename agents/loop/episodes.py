@@ -27,8 +27,8 @@ import gymnasium as gym
 
 from sao.envs import make
 
-from ..chat.rendering import ChatRenderer, Tokenizer
-from ..clients.completions import CompletionClient
+from ..chat import ChatRenderer, Tokenizer
+from ..clients import CompletionClient
 from ..records import Trajectory
 from .env_calls import INFRASTRUCTURE, failure_of
 from .token_loop import LoopConfig, run_episode

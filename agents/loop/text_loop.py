@@ -32,9 +32,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..chat.history import api_messages
-from ..clients.chat import ChatClient
-from ..clients.completions import SamplingParams
+from ..chat import api_messages
+from ..clients import ChatClient, SamplingParams
 from ..errors import ContextOverflowError
 from ..records import ChatCompletion, Trajectory, TurnRecord, jsonable
 from .env_calls import failure_of, reset_env, step_env

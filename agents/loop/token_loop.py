@@ -29,8 +29,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..chat.rendering import ChatRenderer
-from ..clients.completions import CompletionClient, SamplingParams
+from ..chat import ChatRenderer
+from ..clients import CompletionClient, SamplingParams
 from ..errors import ContextOverflowError, EngineError
 from ..records import Completion, Trajectory, TurnRecord, jsonable
 from .env_calls import failure_of, reset_env, step_env

@@ -31,13 +31,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..clients.completions import CompletionClient, SamplingParams
+from ..clients import CompletionClient, SamplingParams
+from ..engine import EngineMetrics
 from ..engine.meter import MetricsSource
-from ..engine.metrics import EngineMetrics
 from ..engine.watch import EngineRestartsExhausted, EngineWatch, died_since, until_death
 from ..records import Completion
 from .replica_load import LoadBoard
-from .routers import ReplicaView, Router, RouteRequest
+from .routers import ReplicaView, RouteRequest, Router
 
 log = logging.getLogger(__name__)
 

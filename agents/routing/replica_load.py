@@ -15,8 +15,8 @@ import math
 import time
 from collections.abc import Sequence
 
+from ..engine import EngineMetrics
 from ..engine.meter import MetricsReader, MetricsSource
-from ..engine.metrics import EngineMetrics
 
 
 class LoadBoard:

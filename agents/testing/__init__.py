@@ -1,2 +1,11 @@
 """Fakes for tests, kept in the package: a scripted OpenAI-compatible completion server
 (:mod:`.fake_server`)."""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "fake_server": ["FakeServer", "Reply"],
+    },
+)

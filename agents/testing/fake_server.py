@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..chat.rendering import ByteTokenizer
+from ..chat import ByteTokenizer
 
 
 @dataclass(frozen=True)

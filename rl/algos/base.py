@@ -7,8 +7,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner
+from sao.rl.learner import Batch, Learner
 
 
 class Algorithm(Protocol):

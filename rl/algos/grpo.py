@@ -11,9 +11,8 @@ from torch import Tensor
 from sao.rl.algos.base import Stateless, token_advantages
 from sao.rl.algos.policy_losses import PPOClipLoss, make_loss
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner, PolicyLoss
-from sao.rl.objectives.advantages import grpo_advantages
+from sao.rl.learner import Batch, Learner, PolicyLoss
+from sao.rl.objectives import grpo_advantages
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import PolicyLoss
-from sao.rl.objectives.losses import dis_policy_loss, masked_is_weights, ppo_clip_loss, truncated_is_weights
+from sao.rl.learner import Batch, PolicyLoss
+from sao.rl.objectives import dis_policy_loss, masked_is_weights, ppo_clip_loss, truncated_is_weights
 
 
 @dataclass(frozen=True)

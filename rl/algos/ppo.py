@@ -12,8 +12,7 @@ from sao.rl.algos.base import Stateless
 from sao.rl.algos.policy_losses import PPOClipLoss, make_loss
 from sao.rl.algos.sao import SAO, SAOConfig
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner, PolicyLoss
+from sao.rl.learner import Batch, Learner, PolicyLoss
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,8 @@ import torch
 from sao.rl.algos.base import token_advantages
 from sao.rl.algos.policy_losses import DISLoss, make_loss
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner, PolicyLoss
-from sao.rl.objectives.advantages import RunningMeanBaseline
+from sao.rl.learner import Batch, Learner, PolicyLoss
+from sao.rl.objectives import RunningMeanBaseline
 
 
 @dataclass(frozen=True)

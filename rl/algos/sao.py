@@ -16,9 +16,8 @@ from torch import Tensor
 from sao.rl.algos.base import Stateless
 from sao.rl.algos.policy_losses import DISLoss, make_loss
 from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner, PolicyLoss, explained_variance
-from sao.rl.objectives.advantages import adaptive_lambda, gae_action_tokens, token_rewards
+from sao.rl.learner import Batch, Learner, PolicyLoss, explained_variance
+from sao.rl.objectives import adaptive_lambda, gae_action_tokens, token_rewards
 
 
 @dataclass(frozen=True)

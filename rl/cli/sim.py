@@ -20,9 +20,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sao.agents.routing.routers import ROUTERS
-from sao.rl.rollout.schedulers.core import STALE_POLICIES, ConfigError, RolloutError
-from sao.rl.rollout.sim.config import SCENARIOS, scenario
+from sao.agents.routing import ROUTERS
+from sao.rl.rollout.schedulers import STALE_POLICIES, ConfigError, RolloutError
+from sao.rl.rollout.sim import SCENARIOS, scenario
 
 DEFAULT_MODES = "sync,one_step_off,async,multi_version,pipe"
 

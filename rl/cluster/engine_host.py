@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from sao.agents.engine.server import VLLMServer, VLLMServerConfig
-from sao.rl.weights.staging import FolderFiles, prune, write_folder
+from sao.agents.engine import VLLMServer, VLLMServerConfig
+from sao.rl.weights import FolderFiles, prune, write_folder
 from sao.sandboxes.tagged import kill_tagged
 
 log = logging.getLogger(__name__)

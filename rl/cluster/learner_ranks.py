@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from sao.rl.config import ConfigError, TrainConfig
+from sao.rl.learner.parallel import Channel
 from sao.rl.learner.parallel.launch import RankPlan, RankZero, _init, serve_rank
-from sao.rl.learner.parallel.ranks import Channel
 
 log = logging.getLogger(__name__)
 

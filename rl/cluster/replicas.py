@@ -28,10 +28,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sao.agents.errors import EngineStartError
+from sao.agents import EngineStartError
 from sao.rl.cluster.engine_host import EngineHost, HostAddress, Launch
 from sao.rl.config import ClusterConfig, ConfigError
-from sao.rl.weights.staging import ObjectStoreStager
+from sao.rl.weights import ObjectStoreStager
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from sao.agents.records import Trajectory
+from sao.agents import Trajectory
 
 _PER_TOKEN = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs", "advantages", "returns", "old_values")
 _PER_ROW = ("rewards", "truncated", "group_ids")

@@ -27,9 +27,9 @@ from torch.utils.checkpoint import checkpoint
 from sao.rl.learner.batch import Batch, micro_batches
 from sao.rl.learner.lr_schedule import LrSchedule
 from sao.rl.learner.packing import packing_is_exact, trunk_hidden
-from sao.rl.learner.parallel.data_parallel import DataParallel
+from sao.rl.learner.parallel import DataParallel
 from sao.rl.learner.value_model import ValueModel, backbone_of
-from sao.rl.objectives.losses import AGG_MODES, kl_estimates, value_loss
+from sao.rl.objectives import AGG_MODES, kl_estimates, value_loss
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ failed ones (and retried where the source retries) instead of being trained on.
 
 from __future__ import annotations
 
-from sao.agents.records import Trajectory
+from sao.agents import Trajectory
 
 
 def failure(t: Trajectory) -> str | None:

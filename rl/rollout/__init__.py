@@ -5,3 +5,15 @@
 (:mod:`.off_schedule`) and a rollout whose every attempt fails (:mod:`.failure_streak`).
 
 The schedulers (:mod:`.schedulers`) and their simulator (:mod:`.sim`) are pure Python: no torch."""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "following": ["FollowingClient", "FollowingControl"],
+        "orchestrated": ["HealthConfig", "OrchestratedRollout", "Replica"],
+        "sources": ["ProbingSource", "RolloutBatch", "RolloutSource", "ScheduledSource", "StreamingSource",
+                    "rollout_meta"],
+    },
+)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from sao.agents import RolloutMeta, Trajectory
-from sao.rl.prompts.open_prompts import OpenPrompts
+from sao.rl.prompts import OpenPrompts
 from sao.rl.rollout.failure_streak import FailureStreak
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaWatcher
 from sao.rl.rollout.schedulers import (
@@ -38,10 +38,9 @@ from sao.rl.rollout.schedulers import (
     TrainOn,
     TrajectoryFinished,
 )
-from sao.rl.learner.trainable import failure
-from sao.rl.prompts.tasks import PromptRef, episode_seed
-from sao.rl.rollout.schedulers.lengths import LengthStats
-from sao.rl.rollout.schedulers.replicas import UNKNOWN_VERSION
+from sao.rl.learner import failure
+from sao.rl.prompts import PromptRef, episode_seed
+from sao.rl.rollout.schedulers import UNKNOWN_VERSION, LengthStats
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, version_metrics
 

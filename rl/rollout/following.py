@@ -17,11 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from sao.agents.clients.completions import SamplingParams
-from sao.agents.engine.control import PauseMode
-from sao.agents.engine.metrics import EngineMetrics
-from sao.agents.errors import EngineError, EngineUnavailableError
-from sao.agents.records import Completion
+from sao.agents import Completion, EngineError, EngineUnavailableError
+from sao.agents.clients import SamplingParams
+from sao.agents.engine import EngineMetrics, PauseMode
 
 
 class Closeable(Protocol):

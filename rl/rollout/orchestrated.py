@@ -37,17 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from sao.agents import Trajectory
-from sao.rl.prompts.open_prompts import OpenPrompts, ref_from_dict, ref_to_dict
-from sao.rl.prompts.tasks import PromptRef
+from sao.rl.prompts import OpenPrompts, PromptRef, ref_from_dict, ref_to_dict
 from sao.rl.rollout.driver_loop import DriverLoop, RunEpisode
 from sao.rl.rollout.off_schedule import OffSchedule
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaControl
-from sao.rl.rollout.schedulers import Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
-from sao.rl.rollout.schedulers.replicas import UNKNOWN_VERSION
+from sao.rl.rollout.schedulers import UNKNOWN_VERSION, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta
 from sao.rl.rollout.versioned_client import turn_versions
-from sao.rl.weights.load import load_weights
-from sao.rl.weights.sync import version_dir
+from sao.rl.weights import load_weights, version_dir
 
 __all__ = ["HealthConfig", "OrchestratedRollout", "Replica", "ReplicaControl", "RunEpisode", "turn_versions"]
 

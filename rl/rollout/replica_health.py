@@ -20,10 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sao.agents.clients.completions import CompletionClient
-from sao.rl.rollout.schedulers import ReplicaDied, ReplicaRestarted
-from sao.rl.rollout.schedulers.replicas import UNKNOWN_VERSION
-from sao.rl.weights.load import WeightControl
+from sao.agents.clients import CompletionClient
+from sao.rl.rollout.schedulers import UNKNOWN_VERSION, ReplicaDied, ReplicaRestarted
+from sao.rl.weights import WeightControl
 
 log = logging.getLogger(__name__)
 

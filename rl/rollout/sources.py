@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from sao.agents import RolloutMeta, Trajectory
-from sao.rl.prompts.tasks import PromptRef
+from sao.rl.prompts import PromptRef
 
 log = logging.getLogger(__name__)
 

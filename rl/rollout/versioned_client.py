@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sao.agents import Completion, Trajectory, VersionSpan
-from sao.agents.clients.completions import SamplingParams
+from sao.agents.clients import SamplingParams
 from sao.agents.records import VersionRuns
 
 if TYPE_CHECKING:

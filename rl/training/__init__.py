@@ -2,3 +2,17 @@
 checkpoints (:mod:`.checkpoint`), held-out evaluation (:mod:`.heldout`), the metric sinks
 (:mod:`.metrics_log`), the engines' share of a step's metrics (:mod:`.engine_step`), and the learning
 curves of finished runs (:mod:`.report`, ``sao-report``)."""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "build": ["make_learner", "run_training"],
+        "checkpoint": ["CheckpointError", "Checkpointer", "TrainState"],
+        "engine_step": ["StepEngineMetrics"],
+        "heldout": ["HeldOutEval"],
+        "metrics_log": ["ConsoleSink", "JsonlSink", "MetricsSink", "MultiSink", "TensorBoardSink"],
+        "trainer": ["RunFiles", "TrainError", "Trainer"],
+    },
+)

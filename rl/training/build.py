@@ -21,13 +21,10 @@ from typing import Any
 import torch
 
 from sao.agents import EpisodeRunner, LoopConfig, OpenAICompletionClient, Renderers, RetryPolicy
-from sao.agents.clients.generate import GenerateClient, generate_base_url
-from sao.agents.engine.control import EngineClient
-from sao.agents.engine.fleet import cpu_share
-from sao.agents.engine.meter import EngineMeter
-from sao.agents.engine.server import VLLMServer, VLLMServerConfig
+from sao.agents.clients import GenerateClient, generate_base_url
+from sao.agents.engine import EngineClient, EngineMeter, VLLMServer, VLLMServerConfig, cpu_share
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.models.prepare import ensure_model
+from sao.agents.models import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
 from sao.rl.config import (
@@ -39,19 +36,16 @@ from sao.rl.config import (
     scheduler_config,
     validate,
 )
-from sao.rl.learner.learner import Learner, LearnerConfig
-from sao.rl.learner.memory import configure_allocator
-from sao.rl.learner.precision import resolve_bf16
-from sao.rl.learner.torch_thread import TorchThread, pin_caller
-from sao.rl.learner.value_model import ValueModel
-from sao.rl.prompts.curriculum import ScheduledTaskStream
-from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.learner import (
+    Learner, LearnerConfig, TorchThread, ValueModel, configure_allocator, pin_caller, resolve_bf16,
+)
+from sao.rl.prompts import ScheduledTaskStream
+from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
 from sao.rl.training.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
 from sao.rl.training.trainer import RunFiles, Trainer, refuse_to_overwrite
-from sao.rl.weights.replica_sync import ReplicaWeightSync
-from sao.rl.weights.sync import WeightPublisher, WeightSync, check_engine_untied, export_engine_model
+from sao.rl.weights import ReplicaWeightSync, WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
-from sao.rl.learner.learner import Learner
+from sao.rl.learner import Learner
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,7 @@ goes on.
 
 from __future__ import annotations
 
-from sao.agents.engine.meter import EngineMeter
-from sao.agents.engine.metrics import EngineMetrics
+from sao.agents.engine import EngineMeter, EngineMetrics
 
 
 def engine_step_metrics(used: EngineMetrics | None, *, speculative: bool, replicas: int) -> dict[str, float]:

@@ -38,15 +38,12 @@ from sao.agents.store import TrajectoryWriter
 from sao.rl.algos import Algorithm
 from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.config import TrainConfig
-from sao.rl.learner.batch import collate
-from sao.rl.learner.batch import Batch
-from sao.rl.learner.learner import Learner
-from sao.rl.learner.memory import release, rss_gb
+from sao.rl.learner import Batch, Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval, improvement
 from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
-from sao.rl.rollout.sources import (
+from sao.rl.rollout import (
     ProbingSource,
     RolloutBatch,
     RolloutSource,
@@ -54,8 +51,7 @@ from sao.rl.rollout.sources import (
     StreamingSource,
     rollout_meta,
 )
-from sao.rl.learner.torch_thread import TorchThread
-from sao.rl.learner.trainable import failure
+from sao.rl.learner import TorchThread, failure
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sao.agents.engine.control import PauseMode
+from sao.agents.engine import PauseMode
 
 
 class WeightControl(Protocol):

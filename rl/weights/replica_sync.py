@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from sao.rl.rollout.orchestrated import OrchestratedRollout
+from sao.rl.rollout import OrchestratedRollout
 from sao.rl.weights.sync import WeightSync
 
 log = logging.getLogger(__name__)

@@ -50,9 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from sao.agents.engine.control import EngineClient, PauseMode
-from sao.rl.learner.learner import token_logprobs
-from sao.rl.learner.lora import engine_view, has_lora, merged_state_dict, unwrap
+from sao.agents.engine import EngineClient, PauseMode
+from sao.rl.learner import engine_view, has_lora, merged_state_dict, token_logprobs, unwrap
 from sao.rl.weights.load import load_weights
 
 log = logging.getLogger(__name__)

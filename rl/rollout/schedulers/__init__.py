@@ -23,75 +23,20 @@ Also pure and clock-agnostic: request routing across replicas (:mod:`~sao.agents
 the length distribution of generated, trained and dropped trajectories (:class:`LengthStats`).
 """
 
-from sao.rl.rollout.schedulers.batched import OneStepOffScheduler, PipeScheduler, SyncScheduler
-from sao.rl.rollout.schedulers.core import (
-    Action,
-    ConfigError,
-    CountingPrompts,
-    Discard,
-    Event,
-    LedgerError,
-    Prompt,
-    PromptSource,
-    RecordFailed,
-    ReplicaDied,
-    ReplicaRestarted,
-    ReplicaStatus,
-    Requeue,
-    RolloutError,
-    Scheduler,
-    SchedulerConfig,
-    StartTrajectory,
-    SyncDone,
-    SyncReplica,
-    TrainOn,
-    TrainStepDone,
-    TrajectoryFinished,
-)
-from sao.agents.routing.routers import ROUTERS, CacheAware, Pinned, ReplicaView, RoundRobin, RouteRequest, Router, make_router
-from sao.rl.rollout.schedulers.ledger import Ledger
-from sao.rl.rollout.schedulers.lengths import LengthStats
-from sao.rl.rollout.schedulers.modes import MODES, make_scheduler
-from sao.rl.rollout.schedulers.streaming import AsyncScheduler, MultiVersionScheduler
+import lazy_loader
 
-__all__ = [
-    "Action",
-    "AsyncScheduler",
-    "CacheAware",
-    "ConfigError",
-    "CountingPrompts",
-    "Discard",
-    "Event",
-    "Ledger",
-    "LedgerError",
-    "LengthStats",
-    "MODES",
-    "MultiVersionScheduler",
-    "OneStepOffScheduler",
-    "Pinned",
-    "PipeScheduler",
-    "Prompt",
-    "PromptSource",
-    "RecordFailed",
-    "ReplicaDied",
-    "ReplicaRestarted",
-    "ROUTERS",
-    "ReplicaStatus",
-    "ReplicaView",
-    "Requeue",
-    "RolloutError",
-    "RoundRobin",
-    "RouteRequest",
-    "Router",
-    "Scheduler",
-    "SchedulerConfig",
-    "StartTrajectory",
-    "SyncDone",
-    "SyncReplica",
-    "SyncScheduler",
-    "TrainOn",
-    "TrainStepDone",
-    "TrajectoryFinished",
-    "make_router",
-    "make_scheduler",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "batched": ["OneStepOffScheduler", "PipeScheduler", "SyncScheduler"],
+        "core": ["Action", "ConfigError", "CountingPrompts", "Discard", "Event", "LedgerError", "Prompt",
+                 "PromptSource", "RecordFailed", "ReplicaDied", "ReplicaRestarted", "ReplicaStatus", "Requeue",
+                 "RolloutError", "STALE_POLICIES", "Scheduler", "SchedulerConfig", "StartTrajectory", "SyncDone",
+                 "SyncReplica", "TrainOn", "TrainStepDone", "TrajectoryFinished", "unknown_name"],
+        "ledger": ["Ledger"],
+        "lengths": ["LengthStats"],
+        "modes": ["MODES", "make_scheduler"],
+        "replicas": ["UNKNOWN_VERSION"],
+        "streaming": ["AsyncScheduler", "MultiVersionScheduler"],
+    },
+)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sao.rl.rollout.schedulers.core import ConfigError, unknown_name
+from sao.rl.rollout.schedulers import ConfigError, unknown_name
 from sao.rl.rollout.sim.config import SimConfig
 from sao.rl.rollout.sim.metrics import SimResult
 from sao.rl.rollout.sim.simulator import SIM_MODES, simulate

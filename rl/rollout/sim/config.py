@@ -24,8 +24,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from sao.agents.routing.routers import ROUTERS
-from sao.rl.rollout.schedulers.core import ConfigError, SchedulerConfig, unknown_name
+from sao.agents.routing import ROUTERS
+from sao.rl.rollout.schedulers import ConfigError, SchedulerConfig, unknown_name
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from sao.rl.rollout.schedulers.core import Prompt
+from sao.rl.rollout.schedulers import Prompt
 from sao.rl.rollout.sim.config import EngineConfig, WorkloadConfig
 
 

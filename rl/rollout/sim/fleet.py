@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sao.rl.rollout.schedulers.core import (
+from sao.rl.rollout.schedulers import (
     Event,
     Prompt,
     ReplicaDied,
@@ -28,7 +28,7 @@ from sao.rl.rollout.schedulers.core import (
     SyncReplica,
     TrajectoryFinished,
 )
-from sao.rl.rollout.schedulers.lengths import LengthStats
+from sao.rl.rollout.schedulers import LengthStats
 from sao.rl.rollout.sim.config import SimConfig
 from sao.rl.rollout.sim.engine_model import SimEngine, TrajectorySpec, sample_trajectory
 from sao.rl.rollout.sim.events import EngineDue, EnvAnswered, SimEvent, SyncLanded

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sao.agents.routing.routers import Pinned, ReplicaView, RouteRequest, make_router
+from sao.agents.routing import Pinned, ReplicaView, RouteRequest, make_router
 from sao.rl.rollout.sim.config import RoutingConfig
 
 

@@ -26,7 +26,7 @@ import logging
 import random
 from dataclasses import dataclass, replace
 
-from sao.rl.rollout.schedulers.core import (
+from sao.rl.rollout.schedulers import (
     Action,
     Discard,
     Event,
@@ -39,10 +39,11 @@ from sao.rl.rollout.schedulers.core import (
     TrainStepDone,
     unknown_name,
 )
-from sao.rl.rollout.schedulers.lengths import LengthStats
-from sao.rl.rollout.schedulers.modes import make_scheduler
+from sao.rl.rollout.schedulers import LengthStats, make_scheduler
 from sao.rl.rollout.sim.config import SimConfig
-from sao.rl.rollout.sim.events import EngineBack, EngineDies, EngineDue, EnvAnswered, SimEvent, SyncLanded, TrainStepEnds
+from sao.rl.rollout.sim.events import (
+    EngineBack, EngineDies, EngineDue, EnvAnswered, SimEvent, SyncLanded, TrainStepEnds,
+)
 from sao.rl.rollout.sim.fleet import SimError, SimFleet
 from sao.rl.rollout.sim.metrics import SimResult, Timeline
 from sao.rl.rollout.sim.trainer import Audit, SimTrainer

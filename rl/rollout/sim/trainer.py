@@ -12,8 +12,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sao.rl.rollout.schedulers.core import LedgerError, TrainOn
-from sao.rl.rollout.schedulers.lengths import LengthStats
+from sao.rl.rollout.schedulers import LedgerError, LengthStats, TrainOn
 from sao.rl.rollout.sim.config import TrainerConfig
 
 
