@@ -2,7 +2,7 @@
 
 Every sandbox container carries its owner, ``io.sao.sandbox.owner=HOST:PID`` (the process that created
 it). A process that exits, or is stopped by a signal it can handle, removes its own containers
-(:mod:`sao.sandboxes.docker`'s registry). One that is SIGKILLed or OOM-killed cannot: its containers
+(:mod:`sao.sandboxes.docker_cleanup`'s registry). One that is SIGKILLed or OOM-killed cannot: its containers
 would stay, running ``sleep infinity`` with their memory limits reserved, until someone ran
 ``sao-sandbox gc``. So the first sandbox a process starts removes the containers of this host's dead
 owners first (:func:`reap_orphans`). Containers of live processes, of other hosts sharing the daemon,
@@ -60,7 +60,7 @@ def reap_orphans(client: Any, *, host: str | None = None, alive: Callable[[int],
     """Remove the sandbox containers of ``host``'s (default: this host's) dead owners; returns their names."""
     import docker.errors
 
-    from .docker import LABEL_KEY, OWNER_LABEL_KEY
+    from .docker_cleanup import LABEL_KEY, OWNER_LABEL_KEY
 
     host = socket.gethostname() if host is None else host
     removed = []
