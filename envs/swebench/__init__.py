@@ -87,8 +87,9 @@ Modules, one role each
     ``instances`` (the schema, the checks of a row, loading), ``images`` (:class:`ImageResolver`),
     ``workspace`` (the agent's container: history hiding, the shell, the diff), ``tools`` (``bash``,
     ``editor``, ``submit`` and the prompts), ``grading`` (a diff graded in a fresh container; every
-    report made by :func:`instance_report`), ``env`` (:class:`SWEBenchEnv`), ``factories`` (the
-    registered names) and ``local_tasks`` (the builder of ``swe-local``'s repositories and images).
+    report made by :func:`instance_report`), ``episode`` (one episode's state and its turns' tool calls
+    in the agent's container), ``env`` (:class:`SWEBenchEnv`: reset, step, the episode's end),
+    ``factories`` (the registered names) and ``local_tasks`` (the builder of ``swe-local``'s repositories and images).
 """
 
 from .env import SWEBenchEnv

@@ -7,32 +7,21 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxClosedError, SandboxError, SandboxLimits
+from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
 
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError, did_you_mean
 from ..swe_policies import baseline_policy
-from .grading import GradeResult, grade_patch, grade_prediction, instance_report
+from .episode import Episode, first_messages, run_tool_calls
+from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded
 from .images import ImageResolver, ResolvedImage, load_image_map
 from .instances import SWEInstance
-from .tools import NO_TOOL_CALL, SYSTEM_PROMPT, TOOLS, USER_TEMPLATE, ToolError, Workspace, _arguments
+from .tools import SYSTEM_PROMPT, TOOLS, Workspace
 from .workspace import TESTBED, prepare_workspace, take_diff
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Episode:
-    """The state of the current episode."""
-
-    baseline: str  # what the agent's diff is taken against (a commit, or a tree snapshot)
-    image: ResolvedImage
-    timing: dict[str, float]  # seconds: reset_s (image + container_start_s + workspace_s), tools_s, ...
-    steps: int = 0
-    format_errors: int = 0  # consecutive turns without a usable tool call
 
 
 def _default_limits(command_timeout_s: float) -> SandboxLimits:
@@ -98,7 +87,7 @@ class SWEBenchEnv(TextEnv):
         self._resolver: ImageResolver | None = None
         self.instance: SWEInstance | None = None
         self.workspace: Workspace | None = None
-        self._episode: _Episode | None = None
+        self._episode: Episode | None = None
 
     # -- TextEnv --------------------------------------------------------------------------------
 
@@ -132,50 +121,24 @@ class SWEBenchEnv(TextEnv):
         self.workspace = Workspace(sb, command_timeout_s=self.command_timeout_s,
                                    observation_chars=self.observation_chars)
         now = time.monotonic()
-        self._episode = _Episode(baseline, image, timing={
+        self._episode = Episode(baseline, image, timing={
             "reset_s": now - started, "image_s": resolved - started, "container_start_s": running - resolved,
             "workspace_s": now - running, "tools_s": 0.0})
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": USER_TEMPLATE.format(
-            problem_statement=inst.problem_statement.strip(), repo=inst.repo)})
-        return messages, {**self._info(), "image": image.name, "image_source": image.source,
-                          "image_pulled": image.pulled, "base_commit": inst.base_commit}
+        info = {**self._info(), "image": image.name, "image_source": image.source, "image_pulled": image.pulled,
+                "base_commit": inst.base_commit}
+        return first_messages(self.system_prompt, inst), info
 
     def _respond(self, action: Message):
         if self.workspace is None or self._episode is None or self.instance is None:
             raise RuntimeError("no episode in progress (the last reset failed or the env was closed); call reset()")
         ep = self._episode
         ep.steps += 1
-        obs: list[Message] = []
-        invalid = action.get("invalid_tool_calls") or []
-        calls = action.get("tool_calls") or []
-        for problem in invalid:
-            obs.append({"role": "user", "content": f"A tool call in your reply could not be parsed: {problem}. "
-                                                   "Repeat it as a well-formed tool call."})
-        usable, submitted, failure = False, False, None
-        for call in calls:
-            call_id = str(call.get("id") or "")
-            if submitted or failure:
-                obs.append(_tool_message(call_id, "Not run: the episode has ended."))
-                continue
-            called = time.monotonic()
-            try:
-                content, ok, submitted = self._call(call)
-                usable = usable or ok
-            except SandboxError as exc:
-                failure = f"the agent's container failed: {exc}"
-                content = f"Error: {failure}"
-            finally:
-                ep.timing["tools_s"] += time.monotonic() - called
-            obs.append(_tool_message(call_id, content))
-        if not calls and not invalid:
-            obs.append({"role": "user", "content": NO_TOOL_CALL})
-        ep.format_errors = 0 if usable else ep.format_errors + 1
-        if failure:
-            return obs, 0.0, False, True, self._finish("agent_container_error", failure)
-        if submitted:
+        turn = run_tool_calls(self.workspace, action, ep.timing)
+        obs = turn.observations
+        ep.format_errors = 0 if turn.usable else ep.format_errors + 1
+        if turn.failure:
+            return obs, 0.0, False, True, self._finish("agent_container_error", turn.failure)
+        if turn.submitted:
             info = self._finish("submitted")
             return obs, float(info["correct"]), True, False, info
         if ep.format_errors >= self.max_format_errors:
@@ -212,35 +175,6 @@ class SWEBenchEnv(TextEnv):
                 "repo": self.instance.repo, "steps": self._episode.steps if self._episode else 0,
                 "timing": _rounded(self._episode.timing) if self._episode else {}}
 
-    def _call(self, call: Mapping[str, Any]) -> tuple[str, bool, bool]:
-        """``(observation, usable, submitted)`` for one tool call; agent mistakes become observations."""
-        assert self.workspace is not None
-        name = call["function"]["name"]
-        tool = next((t for t in TOOLS if t["function"]["name"] == name), None)
-        if tool is None:
-            known = [t["function"]["name"] for t in TOOLS]
-            return (f"Error: unknown tool {name!r}.{did_you_mean(name, known)} Available tools: "
-                    f"{', '.join(known)}.", False, False)
-        try:
-            args = _arguments(call, tool)
-        except ToolError as exc:
-            return f"Error: {exc}", False, False
-        if name == "submit":
-            return "Submitted. Your changes will be graded by the project's tests.", True, True
-        try:
-            if name == "bash":
-                return self.workspace.bash(args["command"]), True, False
-            return self.workspace.editor(**args), True, False
-        except ToolError as exc:
-            return f"Error: {exc}", True, False
-        except SandboxClosedError:
-            raise
-        except SandboxError as exc:
-            # A file operation the container refused (a directory as a file, a device, ...) is the
-            # agent's mistake as long as the container still answers.
-            self.workspace.sb.run("true", timeout_s=30)
-            return f"Error: {exc}", True, False
-
     def _finish(self, exit_status: str, error: str | None = None) -> dict[str, Any]:
         """Take the diff, close the agent's container, grade; the final info."""
         assert self.instance is not None and self.workspace is not None and self._episode is not None
@@ -257,10 +191,7 @@ class SWEBenchEnv(TextEnv):
         ep.timing["diff_s"] = time.monotonic() - started  # the diff and the agent's container's removal
         text = patch.decode("utf-8", errors="replace") if patch else ""
         if error is not None or patch is None:
-            status = "error" if error is not None else problem.split(":", 1)[0]
-            report = instance_report(inst.instance_id, status, patch_is_none=patch is None, patch_exists=False,
-                                     detail=problem)
-            result = GradeResult(False, report, error)
+            result = ungraded(inst.instance_id, patch is None, problem, error)
         else:
             result = self.grade_diff(inst, patch, ep.image.name)
         ep.timing["grading_s"] = result.duration_s  # 0 when nothing was graded (no diff, an error)
@@ -296,8 +227,4 @@ class SWEBenchEnv(TextEnv):
 
 def _rounded(timing: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in timing.items()}
-
-
-def _tool_message(call_id: str, content: str) -> Message:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
 

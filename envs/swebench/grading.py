@@ -72,6 +72,14 @@ def instance_report(instance_id: str, status: str, *, patch_exists: bool, patch_
     return report
 
 
+def ungraded(instance_id: str, patch_is_none: bool, problem: str, error: str | None) -> GradeResult:
+    """An episode's diff that is not graded: the agent's container failed (``error``: an infrastructure
+    error), or the diff is missing, empty or too large (``problem``, as :func:`~.workspace.take_diff` says)."""
+    status = "error" if error is not None else problem.split(":", 1)[0]
+    report = instance_report(instance_id, status, patch_is_none=patch_is_none, patch_exists=False, detail=problem)
+    return GradeResult(False, report, error)
+
+
 def patch_files(patch: str) -> tuple[list[str], list[str]]:
     """``(existing, created)``: files a unified diff modifies/deletes, and files it creates."""
     from unidiff import PatchSet
