@@ -20,13 +20,14 @@ written, and a plug-in environment gets the short conformance check (one task, s
 The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.clients.endpoint`): the token
 loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no token ids, the text loop
 on the chat API (:func:`~sao.agents.run_text_episode`). Grading, pass@k, resume and the SWE outputs
-are the same in both; ``summary.json`` says which mode the episodes ran in.
+are the same in both; ``summary.json`` says which mode the episodes ran in. Who plays an episode (the
+model, a scripted agent, a given prediction) is :class:`~.players.Player`'s part; :func:`run_pairs` runs
+the episodes side by side and records each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -35,21 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sao.agents import (
-    EpisodeRunner,
-    LoopConfig,
-    OpenAIChatClient,
-    OpenAICompletionClient,
-    Renderers,
-    RetryPolicy,
-    Trajectory,
-    run_text_episode,
-)
+from sao.agents import Trajectory
 from sao.agents.clients import ENDPOINT_MODES, Endpoint
-from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death, routed, watching
+from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.loop import INFRASTRUCTURE, opened, run_graded_patch, run_scripted_episode, unplayed
-from sao.agents.routing import RoutingClient
+from sao.agents.loop import INFRASTRUCTURE, opened, unplayed
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
@@ -60,6 +51,7 @@ from .engines import ENGINE_KEYS, measured, open_engines
 from .errors import EvalError
 from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
+from .players import Player, load_predictions
 
 log = logging.getLogger(__name__)
 
@@ -189,26 +181,6 @@ def preflight(env: Any, task_id: str) -> None:
                         "fix the environment, then run again)") from exc
 
 
-def load_predictions(path: str) -> dict[str, str]:
-    """``instance_id -> model_patch`` from a predictions file in swebench's format (jsonl or a json list)."""
-    from sao.envs.datasets import load_rows, require_fields
-
-    rows = load_rows(path)
-    require_fields(rows, ("instance_id",), source=path)
-    out: dict[str, str] = {}
-    for i, row in enumerate(rows, start=1):
-        if "model_patch" not in row:
-            raise EvalError(f"{path}: row {i}: field 'model_patch' is missing")
-        patch, iid = row["model_patch"], str(row["instance_id"])
-        if patch is not None and not isinstance(patch, str):
-            raise EvalError(f"{path}: row {i}: 'model_patch' must be a string (a diff) or null, "
-                            f"got {type(patch).__name__}")
-        if iid in out:  # which of the two would be graded?
-            raise EvalError(f"{path}: row {i}: instance_id {iid!r} appears twice; keep one prediction per instance")
-        out[iid] = patch or ""
-    return out
-
-
 def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
     """Check the output folder against ``--resume``; return the pairs already done."""
     try:
@@ -255,50 +227,15 @@ async def run_pairs(
     """
     quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-eval itself (sao.agents.interrupts)
     endpoints = [] if endpoint is None else [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
-    first = endpoints[0] if endpoints else None
     env_name = resolve(cfg.benchmark).name
     semaphore = asyncio.Semaphore(cfg.concurrency)
-    client: OpenAICompletionClient | OpenAIChatClient | None = None
-    routing: RoutingClient | None = None  # several replicas
-    runner: EpisodeRunner | None = None  # the token loop
-    client_args: dict[str, Any] = {}
-    if first is not None:
-        client_args = dict(api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
-                           max_connections=cfg.concurrency)
-        loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
-                              max_model_len=first.max_model_len, temperature=cfg.temperature)
-        if first.mode == "chat":  # the text loop: no tokenizer
-            client = OpenAIChatClient(first.base_url, first.model, **client_args)
-        else:
-            runner = EpisodeRunner(env_name, Renderers(load_tokenizer(first)), loop_cfg, env_kwargs)
-            if len(endpoints) == 1:
-                client = OpenAICompletionClient(first.base_url, first.model, **client_args)
-
-    predictions = load_predictions(cfg.grade_only) if cfg.grade_only is not None else None
-
-    async def play(env: Any, index: int, task_id: str, sample: int) -> Trajectory:
-        seed = episode_seed(cfg.seed, index, sample)
-        if predictions is not None:
-            return await run_graded_patch(env, predictions[task_id], env_name=env_name, task_id=task_id)
-        if first is None:
-            policies = scripted_policies(env)
-            if policies is None:  # plan() checked the benchmark's environment already
-                raise EvalError(f"{env_name} has no scripted agents; use --agent llm")
-            policy = policies(env.unwrapped, cfg.agent, task_id)
-            return await run_scripted_episode(env, policy, env_name=env_name, task_id=task_id, sample=sample,
-                                              seed=seed, max_turns=cfg.max_turns)
-        if isinstance(client, OpenAIChatClient):
-            return await run_text_episode(env, client, loop_cfg, env_name=env_name, task_id=task_id,
-                                          sample=sample, seed=seed)
-        assert runner is not None  # a token endpoint
-        episode_client = routing.episode() if routing is not None else client
-        return await runner.play(env, episode_client, task_id=task_id, sample=sample, seed=seed)
+    player = Player(cfg, env_name, endpoints, env_kwargs)
 
     async def attempt(index: int, task_id: str, sample: int) -> Trajectory:
         started = time.monotonic()
         try:
             async with opened(env_name, env_kwargs) as env:
-                return await play(env, index, task_id, sample)
+                return await player.play(env, task_id, sample, episode_seed(cfg.seed, index, sample))
         except INFRASTRUCTURE as exc:  # the environment could not be made (no Docker daemon, say): recorded
             return unplayed(env_name, task_id, sample, episode_seed(cfg.seed, index, sample), exc,
                             time.monotonic() - started)
@@ -311,33 +248,9 @@ async def run_pairs(
             writer.write(trajectory)
             on_done(trajectory)
 
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            watch = None
-            if len(endpoints) > 1:
-                routing = await stack.enter_async_context(
-                    routed(endpoints, cfg.router, max_restarts=cfg.max_restarts, **client_args))
-            else:
-                watch = await stack.enter_async_context(
-                    watching(first.server if first is not None else None, cfg.max_restarts))
-            await asyncio.gather(*(one(i, t, s, watch) for i, t, s in pairs))
-    finally:
-        if client is not None:
-            await client.aclose()
-    return {"router": routing.router.name, **routing.stats.summary()} if routing is not None else {}
-
-
-def load_tokenizer(endpoint: Endpoint) -> Any:
-    """The tokenizer that tokens mode needs, or an :class:`EvalError` that says what to pass instead."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(endpoint.tokenizer)
-    except Exception as exc:  # noqa: BLE001 - OSError, ValueError, ...: all mean "no tokenizer here"
-        hint = "" if endpoint.managed else (
-            "; for an endpoint that returns no token ids (hosted APIs), use --endpoint-mode chat (or auto)")
-        raise EvalError(f"tokens mode needs the model's tokenizer, and {endpoint.tokenizer!r} cannot be loaded "
-                        f"({type(exc).__name__}: {str(exc)[:300]}); pass --tokenizer DIR_OR_HF_ID{hint}") from exc
+    async with player.serving() as watch:
+        await asyncio.gather(*(one(i, t, s, watch) for i, t, s in pairs))
+    return player.routing_summary()
 
 
 def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
