@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "serves; needs the tokenizer; trajectories are trainable), chat (text on "
                         "/v1/chat/completions with native tool calls, as hosted APIs serve; no tokenizer; "
                         "trajectories are text only, not trainable), or auto (default: probe the endpoint once "
-                        "and use chat when it returns no token ids). A local vLLM always runs in tokens mode"),
+                        "and use chat when it returns no token ids). A local vLLM always runs in tokens mode")
     p.add_argument("--data", help="local dataset file (jsonl, json, csv, parquet) or URL instead of the hub default")
     p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
     p.add_argument("--limit", type=int, help="only the first N tasks (arithmetic, being endless, defaults to 100)")
