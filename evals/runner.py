@@ -48,7 +48,7 @@ from sao.agents import (
 from sao.agents.clients import ENDPOINT_MODES, Endpoint
 from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death, routed, watching
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.loop import INFRASTRUCTURE, opened, run_graded_patch, run_scripted_episode, unplayed
+from sao.agents.loop import INFRASTRUCTURE, episode_seed, opened, run_graded_patch, run_scripted_episode, unplayed
 from sao.agents.routing import RoutingClient
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvError, make, resolve
@@ -134,10 +134,6 @@ class EvalConfig:
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
         return {k: d[k] for k in _IDENTITY}
-
-
-def episode_seed(seed: int, task_index: int, sample: int) -> int:
-    return (seed * 1_000_003 + task_index * 1_009 + sample) % 2**31
 
 
 def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:

@@ -94,3 +94,13 @@ def test_a_context_overflow_truncates_and_an_engine_failure_is_recorded_not_rais
     assert t.status == "failed" and t.failure == "infra_error" and t.error == "EngineUnavailableError: down"
     assert not t.terminated and not t.truncated and len(t.turns) == 1 and len(t.messages) == 3
     assert t.info["correct"] is False and t.info["error"] == t.error
+
+
+def test_the_seed_scheme_is_one_pure_function_for_training_and_evaluation():
+    from sao.agents.loop import episode_seed, turn_seed
+
+    # (seed * 1_000_003 + index * 1_009 + sample) mod 2^31: 7_000_021 + 3_027 + 1
+    assert episode_seed(7, 3, 1) == 7_003_049
+    assert episode_seed(3000, 0, 0) == 3_000_009_000 - 2**31  # wraps into [0, 2^31)
+    assert len({episode_seed(1, i, s) for i in range(50) for s in range(8)}) == 400
+    assert turn_seed(4, 2) == 4002 and turn_seed(None, 2) is None

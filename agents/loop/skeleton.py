@@ -34,6 +34,7 @@ from ..clients import SamplingParams
 from ..errors import ContextOverflowError
 from ..records import Trajectory, TurnRecord, jsonable
 from .env_calls import failure_of, reset_env, step_env
+from .seeds import turn_seed
 from .tools import assistant_message
 
 if TYPE_CHECKING:
@@ -104,11 +105,6 @@ class TurnSampler(Protocol):
 
     def sampled(self) -> Sampled:
         """The episode's tokens, for its trajectory."""
-
-
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of an episode's ``turn`` (the same scheme for token and text episodes)."""
-    return None if seed is None else seed * 1000 + turn
 
 
 @dataclass
