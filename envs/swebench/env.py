@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sao.hints import did_you_mean
 from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxClosedError, SandboxError, SandboxLimits
 
 from ..core import Message, TextEnv
-from ..errors import DatasetError, TaskError, did_you_mean
+from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
 from .grading import GradeResult, grade_patch, grade_prediction, instance_report
 from .images import ImageResolver, ResolvedImage, load_image_map
