@@ -101,7 +101,9 @@ class TurnSampler(Protocol):
 
     async def sample(self, messages: Sequence[Message], params: SamplingParams, clock: Clock) -> Reply:
         """The next turn. ``messages`` is what the environment saw so far (assistant turns as parsed
-        actions); raises :class:`ContextOverflowError` when the prompt does not fit."""
+        actions; the skeleton's own list, to read during the call, not to keep); ``clock()`` gives the
+        seconds since the episode started, for the record's times. Raises :class:`ContextOverflowError`
+        when the prompt does not fit."""
 
     def sampled(self) -> Sampled:
         """The episode's tokens, for its trajectory."""
