@@ -8,8 +8,6 @@ bad constructor arguments) fails at once with a message saying what to change. A
 
 from __future__ import annotations
 
-import difflib
-
 
 class EnvError(Exception):
     """Base class of this package's errors."""
@@ -28,8 +26,3 @@ class UnknownEnvError(EnvError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
-
-
-def did_you_mean(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""

@@ -26,12 +26,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sao.hints import did_you_mean
 from sao.sandboxes import BASE_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits
 
 from .capabilities import Policy
 from .core import Message, TextEnv
 from .datasets import load_rows, require_fields
-from .errors import DatasetError, TaskError, did_you_mean
+from .errors import DatasetError, TaskError
 from .grading import extract_answer, grade
 
 BEYOND_AIME_SOURCE = "ByteDance-Seed/BeyondAIME"

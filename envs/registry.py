@@ -21,7 +21,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from .errors import UnknownEnvError, did_you_mean
+from sao.hints import did_you_mean
+
+from .errors import UnknownEnvError
 
 log = logging.getLogger(__name__)
 GROUP = "sao.envs"

@@ -40,7 +40,7 @@ from sao.agents import Trajectory
 from sao.agents.clients import ENDPOINT_MODES, Endpoint
 from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.loop import INFRASTRUCTURE, opened, unplayed
+from sao.agents.loop import INFRASTRUCTURE, episode_seed, opened, unplayed
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
@@ -126,10 +126,6 @@ class EvalConfig:
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
         return {k: d[k] for k in _IDENTITY}
-
-
-def episode_seed(seed: int, task_index: int, sample: int) -> int:
-    return (seed * 1_000_003 + task_index * 1_009 + sample) % 2**31
 
 
 def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:

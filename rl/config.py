@@ -8,11 +8,11 @@ only these typed objects travel; no ``DictConfig`` is passed around.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agents.engine import SpeculativeConfig, check_schedule
+from sao.hints import did_you_mean
 from sao.rl.learner import LrSchedule
 
 
@@ -295,9 +295,8 @@ class LearnerRanksConfig:
         if self.world_size < 1:
             raise ValueError(f"learner.world_size must be >= 1, got {self.world_size}")
         if self.sharding not in SHARDINGS:
-            close = difflib.get_close_matches(self.sharding, SHARDINGS, n=1)
             raise ValueError(f"unknown learner.sharding {self.sharding!r}"
-                             + (f"; did you mean {close[0]!r}?" if close else "")
+                             + did_you_mean(self.sharding, SHARDINGS, clause=True)
                              + f" (known: {', '.join(SHARDINGS)})")
         if self.sharding == "fsdp2" and self.world_size < 2:
             raise ValueError("learner.sharding=fsdp2 splits each parameter over the data-parallel ranks and needs "

@@ -262,7 +262,7 @@ def test_answer_cut_by_the_per_turn_cap_or_the_context_names_that_limit():
 
 
 def test_the_smallest_room_names_the_limit_and_the_budget_wins_a_tie():
-    from sao.agents.loop.token_loop import length_cut
+    from sao.agents.loop.skeleton import length_cut
 
     assert length_cut(LoopConfig(max_tokens=100), budget_left=100, context_left=100) == "max_tokens"
     assert length_cut(LoopConfig(max_tokens=100, max_tokens_per_turn=30), budget_left=70, context_left=500) \

@@ -21,10 +21,11 @@ lost): a schedule, or plain decoding when it never won.
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from sao.hints import did_you_mean
 
 SPECULATIVE_METHODS = ("none", "suffix")
 
@@ -44,8 +45,7 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
-            close = difflib.get_close_matches(str(self.method), SPECULATIVE_METHODS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(str(self.method), SPECULATIVE_METHODS, clause=True)
             raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, not {self.method!r}{hint}")
         value = self.num_tokens
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

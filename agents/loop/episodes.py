@@ -31,7 +31,8 @@ from ..chat import ChatRenderer, Tokenizer
 from ..clients import CompletionClient
 from ..records import Trajectory
 from .env_calls import INFRASTRUCTURE, failure_of
-from .token_loop import LoopConfig, run_episode
+from .skeleton import LoopConfig
+from .token_loop import run_episode
 
 RendererFor = Callable[[tuple[dict[str, Any], ...]], ChatRenderer]  # an environment's tools -> its renderer
 

@@ -7,10 +7,10 @@
         if the episode ended: stop
         messages += assistant message + obs
 
-It is :func:`~sao.agents.loop.token_loop.run_episode` without tokens: the same :class:`~sao.agents.loop.token_loop.LoopConfig`,
-the same end conditions and the same failure record, and a :class:`~sao.agents.records.Trajectory`
-with ``mode="text"`` (no token ids, not trainable). Native tool calls keep their ids; without them,
-Hermes ``<tool_call>`` text is parsed as in the token loop.
+It is :func:`~sao.agents.loop.token_loop.run_episode` without tokens: the same :mod:`.skeleton` (the same
+:class:`~sao.agents.loop.skeleton.LoopConfig`, end conditions and failure record) with a :class:`ChatSampler`,
+and a :class:`~sao.agents.records.Trajectory` with ``mode="text"`` (no token ids, not trainable). Native
+tool calls keep their ids; without them, Hermes ``<tool_call>`` text is parsed as in the token loop.
 
 The ``max_tokens`` budget is counted from the API's ``usage.completion_tokens``; for a reply
 without usage, from an estimate of 4 characters per token (text plus tool-call arguments), or the
@@ -26,99 +26,54 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import uuid
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
+from sao.envs import Message
+
 from ..chat import api_messages
 from ..clients import ChatClient, SamplingParams
-from ..errors import ContextOverflowError
-from ..records import ChatCompletion, Trajectory, TurnRecord, jsonable
-from .env_calls import failure_of, reset_env, step_env
-from .token_loop import LoopConfig, final_info, length_cut, turn_seed
-from .tools import assistant_message
+from ..records import ChatCompletion, Trajectory, TurnRecord
+from .skeleton import Clock, EpisodeArgs, LoopConfig, Reply, Sampled, run_turns
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 CHARS_PER_TOKEN = 4  # the budget's estimate for replies without usage
 
 
-async def run_text_episode(
-    env: gym.Env,
-    client: ChatClient,
-    cfg: LoopConfig,
-    *,
-    env_name: str,
-    task_id: str,
-    sample: int = 0,
-    seed: int | None = None,
-    episode_id: str | None = None,
-) -> Trajectory:
-    """Run one episode to its end; always returns a :class:`Trajectory` (failures included)."""
-    t0 = time.monotonic()
-    turns: list[TurnRecord] = []
-    transcript: list[dict[str, Any]] = []  # what the env saw; the API's view is api_messages(transcript)
-    reward, terminated, truncated = 0.0, False, False
-    info: dict[str, Any] = {}
-    status, error, failure, truncated_by = "ok", None, None, None
-    tools = list(getattr(env.unwrapped, "tools", ()))
-    per_turn = cfg.max_tokens_per_turn or cfg.max_tokens
-    generated = 0
-    try:
-        obs, info = await reset_env(env, seed=seed, options={"task_id": task_id})
-        transcript += obs
-        for turn in range(cfg.max_turns):
-            budget_left = cfg.max_tokens - generated
-            room = min(per_turn, budget_left)
-            if room <= 0:
-                truncated_by = "max_tokens"
-                break
-            params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
-                                    seed=turn_seed(seed, turn))
-            t_start = time.monotonic() - t0
-            try:
-                reply = await client.chat(api_messages(transcript), tools, params)
-            except ContextOverflowError:
-                truncated_by = "context"
-                break
-            turns.append(TurnRecord(0, 0, reply.finish_reason, reply.weight_version, t_start, time.monotonic() - t0,
-                                    reply.attempts,
-                                    prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens))
-            generated += spent_tokens(reply, room)
-            action = assistant_message(reply.text, tools_offered=bool(tools), turn=turn, native_calls=reply.tool_calls)
-            obs, r, terminated, truncated, info = await step_env(env, action)
-            reward += r
-            transcript += [action, *obs]
-            if terminated or truncated:
-                if terminated and reply.finish_reason == "length":  # graded, but a limit cut the answer
-                    truncated_by = length_cut(cfg, budget_left=budget_left)
-                break
-        else:
-            truncated_by = "max_turns"
-    except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
-        status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
-    info = final_info(info, status=status, error=error, truncated_by=truncated_by)
-    return Trajectory(
-        episode_id=episode_id or uuid.uuid4().hex,
-        env=env_name,
-        task_id=task_id,
-        sample=sample,
-        seed=seed,
-        token_ids=(),
-        action_mask=(),
-        logprobs=(),
-        turns=tuple(turns),
-        messages=tuple(transcript),
-        reward=reward,
-        terminated=terminated and status == "ok",
-        truncated=truncated or truncated_by is not None,
-        status=status,
-        error=error,
-        info=jsonable(info),
-        wall_s=time.monotonic() - t0,
-        mode="text",
-        failure=failure,
-    )
+class ChatSampler:
+    """A :class:`~.skeleton.TurnSampler` on a chat endpoint: the transcript goes out as API messages with
+    the environment's tools; no tokens are kept and the context left is not known."""
+
+    def __init__(self, client: ChatClient, tools: Sequence[dict[str, Any]]) -> None:
+        self.client, self.tools = client, list(tools)
+
+    def observe(self, obs: list[Message]) -> None:
+        """Nothing to do: the next request is the transcript, which holds ``obs``."""
+
+    def context_left(self) -> None:
+        return None
+
+    async def sample(self, messages: Sequence[Message], params: SamplingParams, clock: Clock) -> Reply:
+        t_start = clock()
+        reply = await self.client.chat(api_messages(messages), self.tools, params)
+        record = TurnRecord(0, 0, reply.finish_reason, reply.weight_version, t_start, clock(), reply.attempts,
+                            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+        return Reply(reply.text, reply.finish_reason, spent_tokens(reply, params.max_tokens), record,
+                     tool_calls=reply.tool_calls)
+
+    def sampled(self) -> Sampled:
+        return Sampled()
+
+
+async def run_text_episode(env: gym.Env, client: ChatClient, cfg: LoopConfig,
+                           **episode: Unpack[EpisodeArgs]) -> Trajectory:
+    """Run one episode to its end; always returns a :class:`Trajectory` (failures included). ``episode``:
+    as for :func:`~.token_loop.run_episode`."""
+    return await run_turns(env, ChatSampler(client, getattr(env.unwrapped, "tools", ())), cfg, **episode)
 
 
 def spent_tokens(reply: ChatCompletion, requested: int) -> int:

@@ -19,7 +19,6 @@ so the second call costs a ``stat`` and imports neither torch nor transformers.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import fcntl
 import hashlib
 import json
@@ -34,6 +33,8 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from sao.hints import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ def resolve_model(name: str, *, home: Path | None = None) -> str:
         return str(path.absolute())
     if name.startswith((".", "/", "~")):
         raise ModelError(f"model directory {name!r} does not exist")
-    if "/" not in name and (close := difflib.get_close_matches(name, MODELS, n=1, cutoff=0.8)):
-        raise ModelError(f"unknown model alias {name!r}; did you mean {close[0]!r}?")
+    if "/" not in name and (hint := did_you_mean(name, MODELS, cutoff=0.8, clause=True)):
+        raise ModelError(f"unknown model alias {name!r}{hint}")
     return name
 
 
@@ -172,8 +173,7 @@ def _source(name: str) -> GGUFSource:
     try:
         return MODELS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, MODELS, n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, MODELS, cutoff=0.5, clause=True)
         raise ModelError(f"unknown model alias {name!r}{hint} (known: {', '.join(sorted(MODELS))})") from None
 
 

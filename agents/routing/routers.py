@@ -29,10 +29,11 @@ Routers (:data:`ROUTERS`):
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from sao.hints import did_you_mean
 
 from ..errors import AgentError
 
@@ -162,6 +163,5 @@ def make_router(name: str, margin: float = 0.25, margin_per_ktoken: float = 0.05
         return RoundRobin()
     if name == "cache_aware":
         return CacheAware(margin, margin_per_ktoken)
-    close = difflib.get_close_matches(name, list(ROUTERS), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, ROUTERS, clause=True)
     raise RouterConfigError(f"unknown router {name!r}{hint} (known: {', '.join(ROUTERS)})")

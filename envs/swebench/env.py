@@ -9,10 +9,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sao.hints import did_you_mean
 from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
 
 from ..core import Message, TextEnv
-from ..errors import DatasetError, TaskError, did_you_mean
+from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
 from .episode import Episode, first_messages, run_tool_calls
 from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded

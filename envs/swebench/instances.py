@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sao.hints import did_you_mean
+
 from ..datasets import is_blank, load_rows
-from ..errors import DatasetError, did_you_mean
+from ..errors import DatasetError
 
 HUB_SOURCES = {
     "verified": "princeton-nlp/SWE-bench_Verified",

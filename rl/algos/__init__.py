@@ -23,8 +23,7 @@ The policy losses (:class:`DISLoss`, :class:`PPOClipLoss`, :func:`make_loss`) ar
 
 from __future__ import annotations
 
-import difflib
-
+from sao.hints import did_you_mean
 from sao.rl.algos.base import Algorithm, CriticAlgorithm, token_advantages
 from sao.rl.algos.grpo import GRPO, GRPOConfig
 from sao.rl.algos.policy_losses import DISLoss, PPOClipLoss, make_loss
@@ -44,7 +43,6 @@ def make_algorithm(cfg: AlgoConfig) -> Algorithm:
     """The algorithm named ``cfg.name``; an unknown name suggests the closest known one."""
     cls = ALGORITHMS.get(cfg.name)
     if cls is None:
-        close = difflib.get_close_matches(cfg.name, ALGORITHMS, n=1)
         raise ConfigError(f"unknown algo {cfg.name!r} (known: {', '.join(ALGORITHMS)})"
-                          + (f"; did you mean {close[0]!r}?" if close else ""))
+                          + did_you_mean(cfg.name, ALGORITHMS, clause=True))
     return cls.from_config(cfg)

@@ -82,7 +82,8 @@ def _choices(value: str, lenient: bool) -> str:
 
 def _option(name: str, lenient: bool) -> str:
     """The ``env`` option for ``name``: a file's name, or a registered environment's short name."""
-    from sao.envs.errors import UnknownEnvError, did_you_mean
+    from sao.envs.errors import UnknownEnvError
+    from sao.hints import did_you_mean
     from sao.envs.registry import broken, entries, resolve
 
     files = file_options()

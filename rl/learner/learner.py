@@ -13,7 +13,6 @@ does not depend on ``token_budget`` (up to float rounding).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from sao.hints import did_you_mean
 from sao.rl.learner.batch import Batch, micro_batches
 from sao.rl.learner.lr_schedule import LrSchedule
 from sao.rl.learner.packing import packing_is_exact, trunk_hidden
@@ -67,9 +67,8 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         if self.agg not in AGG_MODES:
-            close = difflib.get_close_matches(self.agg, AGG_MODES, n=1)
             raise ValueError(f"unknown agg {self.agg!r} (known: {', '.join(AGG_MODES)})"
-                             + (f"; did you mean {close[0]!r}?" if close else ""))
+                             + did_you_mean(self.agg, AGG_MODES, clause=True))
         if self.agg == "token-sum-norm" and self.agg_normalizer is None:
             raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
         if self.logprob_chunk < 1 or self.value_warmup_steps < 0:

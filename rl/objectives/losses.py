@@ -17,10 +17,11 @@ count of sequences that have action tokens for ``"seq-mean-token-mean"``, and th
 
 from __future__ import annotations
 
-import difflib
 
 import torch
 from torch import Tensor
+
+from sao.hints import did_you_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum-norm")
 
@@ -40,8 +41,7 @@ def aggregate(
     Values at unmasked positions are never read (NaN or inf there cannot leak in).
     """
     if mode not in AGG_MODES:
-        close = difflib.get_close_matches(mode, AGG_MODES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(mode, AGG_MODES, clause=True)
         raise ValueError(f"unknown aggregation mode {mode!r} (known: {', '.join(AGG_MODES)}){hint}")
     m = mask.bool()
     x = torch.where(m, per_token, 0.0)

@@ -9,6 +9,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "curriculum": ["ScheduleError", "ScheduledTaskStream", "adaptation_lag", "family_metrics", "family_rewards",
                        "forgetting", "history_from_metrics", "make_schedule", "phase_shifts"],
         "open_prompts": ["OpenPrompts", "ref_from_dict", "ref_to_dict"],
-        "tasks": ["PromptRef", "TaskStream", "episode_seed"],
+        "tasks": ["PromptRef", "TaskStream"],
     },
 )

@@ -44,7 +44,7 @@ import numpy as np
 
 from sao.envs import resolve
 from sao.envs.arithmetic import OPS, make_task
-from sao.envs.errors import did_you_mean
+from sao.hints import did_you_mean
 from sao.rl.config import ScheduleConfig
 from sao.rl.prompts.tasks import TaskStream
 

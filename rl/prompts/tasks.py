@@ -68,8 +68,3 @@ class TaskStream:
             raise ValueError(f"checkpoint is for env {state['env']!r} seed {state['seed']}, "
                              f"not {self.env_name!r} seed {self.seed}")
         self.cursor = int(state["cursor"])
-
-
-def episode_seed(seed: int, prompt_index: int, sample: int) -> int:
-    """The sampling seed of one episode: distinct per (run seed, prompt, sample), stable across resumes."""
-    return (seed * 1_000_003 + prompt_index * 1_009 + sample) % 2**31

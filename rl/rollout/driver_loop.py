@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from sao.agents import RolloutMeta, Trajectory
+from sao.agents.loop import episode_seed
 from sao.rl.prompts import OpenPrompts
 from sao.rl.rollout.failure_streak import FailureStreak
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaWatcher
@@ -39,7 +40,7 @@ from sao.rl.rollout.schedulers import (
     TrajectoryFinished,
 )
 from sao.rl.learner import failure
-from sao.rl.prompts import PromptRef, episode_seed
+from sao.rl.prompts import PromptRef
 from sao.rl.rollout.schedulers import UNKNOWN_VERSION, LengthStats
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, version_metrics

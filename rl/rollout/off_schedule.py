@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from sao.agents import RolloutMeta, Trajectory
+from sao.agents.loop import episode_seed
 from sao.rl.learner import failure
-from sao.rl.prompts import PromptRef, episode_seed
+from sao.rl.prompts import PromptRef
 from sao.rl.rollout.driver_loop import RunEpisode
 from sao.rl.rollout.replica_health import Replica, ReplicaWatcher
 from sao.rl.rollout.sources import RolloutBatch, rollout_metrics

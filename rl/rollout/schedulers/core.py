@@ -31,10 +31,11 @@ Versions: the learner starts at version 0; the optimizer step number ``s`` (0-ba
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, Union
+
+from sao.hints import did_you_mean
 
 
 class RolloutError(Exception):
@@ -51,8 +52,7 @@ class LedgerError(RolloutError, AssertionError):
 
 def unknown_name(kind: str, name: str, known: list[str] | tuple[str, ...]) -> ConfigError:
     """A :class:`ConfigError` for an unknown name that suggests the closest known one."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, known, clause=True)
     return ConfigError(f"unknown {kind} {name!r}{hint} (known: {', '.join(known)})")
 
 
