@@ -262,3 +262,104 @@ def test_a_failing_restart_hook_counts_as_a_failed_restart():
             return await watch.ready()
 
     assert asyncio.run(go()) == 1 and engine.restarts == 2 and len(hooks) == 2
+
+
+class Hooks:
+    """Records what a watch tells its owner, in order."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple] = []
+
+    def died(self, cause: str, deaths: int) -> None:
+        self.said.append(("died", cause, deaths))
+
+    def restarting(self, restart: int, limit: int) -> None:
+        self.said.append(("restarting", restart, limit))
+
+    def restart_failed(self, error: Exception) -> None:
+        self.said.append(("restart_failed", str(error)))
+
+    def back(self, after_s: float) -> None:
+        self.said.append(("back",))
+
+    def gave_up(self, deaths: int, limit: int) -> str:
+        self.said.append(("gave_up", deaths, limit))
+        return f"gone after {deaths}"
+
+
+def test_a_health_probe_counts_failures_in_a_row_and_an_at_once_look_needs_one():
+    """The one watcher with a /health probe (a training replica): ``failures`` failed looks in a row make
+    it dead, a good look in between starts the count again, and an at-once look (a request just failed
+    on it) needs one; each death bumps the generation and is told to the hooks with its cause."""
+    from sao.agents.engine.watch import Watched
+
+    answers: list[bool] = []
+
+    async def health() -> bool:
+        return answers.pop(0)
+
+    async def restart() -> None:
+        pass
+
+    async def go() -> tuple[Hooks, EngineWatch]:
+        hooks = Hooks()
+        watch = EngineWatch(Watched(health=health, restart=restart), WatchConfig(interval_s=3600, failures=3),
+                            hooks=hooks)
+        answers.extend([False, False, True, False, False])
+        for _ in range(5):
+            await watch.probe()
+        assert watch.generation == 0 and watch.serving  # never 3 failures in a row
+        answers.append(False)
+        await watch.probe()  # the third in a row
+        assert watch.generation == 1 and not watch.serving
+        assert await watch.ready() == 1  # restarted at once
+        answers.append(False)
+        await watch.probe(at_once=True, cause="a request failed")
+        assert await watch.ready() == 2
+        await watch.__aexit__(None)
+        return hooks, watch
+
+    hooks, watch = asyncio.run(go())
+    assert hooks.said == [("died", "/health failed 3 time(s) in a row", 1), ("restarting", 1, 3), ("back",),
+                          ("died", "a request failed", 2), ("restarting", 2, 3), ("back",)]
+    assert (watch.deaths, watch.restarts) == (2, 2)
+
+
+def test_an_engine_someone_else_owns_is_waited_for_and_restarts_used_up_are_told_once():
+    from sao.agents.engine.watch import Watched
+
+    up = {"ok": True}
+
+    async def health() -> bool:
+        return up["ok"]
+
+    async def external() -> tuple[int, int]:
+        watch = EngineWatch(Watched(health=health), WatchConfig(interval_s=0.01, failures=1), hooks=Hooks())
+        up["ok"] = False
+        await watch.probe()
+        await asyncio.sleep(0.05)
+        assert not watch.serving  # no restart of its own: it waits
+        up["ok"] = True
+        generation = await asyncio.wait_for(watch.ready(), 5)
+        await watch.__aexit__(None)
+        return generation, watch.restarts
+
+    assert asyncio.run(external()) == (1, 0)
+
+    async def broken() -> None:
+        raise OSError("no memory")
+
+    async def used_up() -> Hooks:
+        hooks = Hooks()
+        watch = EngineWatch(Watched(alive=lambda: False, restart=broken), WatchConfig(max_restarts=2), hooks=hooks)
+        watch.check()  # its process exited
+        with pytest.raises(EngineRestartsExhausted, match="gone after 1"):
+            await watch.ready()
+        assert watch.exhausted and not watch.serving
+        watch.check()  # no more deaths once given up
+        await watch.__aexit__(None)
+        return hooks
+
+    assert asyncio.run(used_up()).said == [
+        ("died", "engine process exited", 1), ("restarting", 1, 2), ("restart_failed", "no memory"),
+        ("restarting", 2, 2), ("restart_failed", "no memory"), ("gave_up", 1, 2)]

@@ -273,3 +273,58 @@ def test_resuming_mid_run_neither_loses_nor_retrains_a_prompt(mode: str, algo: s
     # the run's counts and lengths go on across the resume instead of starting again from zero
     assert [r["rollout/trained"] for r in rows] == [r["rollout/len_trained_n"] for r in rows] == [4, 8, 12, 16]
     assert rows[2]["rollout/admitted"] >= rows[1]["rollout/admitted"] - len(open_at_2) + 4
+
+
+def test_what_a_replica_serves_is_written_only_by_the_events_applied_to_it() -> None:
+    """The one record of a replica's version: a load's ``Served`` sets it, a death makes it unknown, and only
+    on a replica the learner pushed into does a load of the version it serves find nothing to do."""
+    from sao.rl.rollout.schedulers import UNKNOWN_VERSION, ReplicaDied
+    from sao.rl.rollout.served import ServedVersions
+    from sao.rl.weights import Served
+
+    versions = ServedVersions(2)
+    assert [versions[0], versions[1]] == [0, 0] and versions.live(set()) == [0, 0]
+    versions.apply(Served(1, 3))
+    assert versions[1] == 3 and not versions.pushed(1, 3)  # the driver's own load: a later load of 3 loads again
+    versions.apply(Served(0, 2, pushed=True))
+    assert versions.pushed(0, 2) and not versions.pushed(0, 3)
+    versions.apply(ReplicaDied(0, "gone"))
+    assert versions[0] == UNKNOWN_VERSION and not versions.pushed(0, 2)  # a restarted engine serves what it launched with
+    assert versions.live({0}) == [3] and versions.live({0, 1}) == [UNKNOWN_VERSION]
+    with pytest.raises(TypeError, match="not an event"):
+        versions.apply("v3")  # type: ignore[arg-type]
+
+
+def test_a_push_reports_what_it_made_the_replica_serve_and_is_made_again_after_a_death() -> None:
+    """``rollout=sync``'s push writes nothing of the driver's: it reports ``Served(rid, v, pushed=True)``,
+    and a push that the replica's death cut is made again once the driver says it is back."""
+    from sao.rl.weights import ReplicaWeightSync, Served
+
+    class Target:
+        def __init__(self) -> None:
+            self.events: list[Served] = []
+            self.life = 0
+
+        def generation(self, rid: int) -> int:
+            return self.life
+
+        async def back_since(self, rid: int, generation: int) -> bool:
+            self.life += 1
+            return True
+
+        def apply(self, event: Served) -> None:
+            self.events.append(event)
+
+    class Inner:
+        calls = 0
+
+        async def sync(self, model: Any, version: int, *, probe: bool = True, recent: Any = ()) -> dict[str, float]:
+            Inner.calls += 1
+            if Inner.calls == 1:
+                raise ConnectionError("the engine died mid-push")
+            return {"perf/sync_s": 0.1}
+
+    target = Target()
+    sync = ReplicaWeightSync(Inner(), target, rid=1)  # type: ignore[arg-type]
+    assert asyncio.run(sync.sync(None, 4)) == {"perf/sync_s": 0.1}  # type: ignore[arg-type]
+    assert Inner.calls == 2 and target.events == [Served(1, 4, pushed=True)]

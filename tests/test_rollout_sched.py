@@ -350,3 +350,46 @@ def test_the_schedulers_and_the_simulator_load_without_torch():
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_every_mode_tells_events_apart_in_one_dispatch():
+    """One ``dispatch`` picks the handler method for each event kind; a kind it does not know is a TypeError
+    naming the mode. Every mode is such a handler."""
+    from sao.rl.rollout.schedulers.dispatch import EventHandler, dispatch
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, object]] = []
+
+        def on_finished(self, event, now):
+            self.calls.append(("finished", now))
+            return []
+
+        def on_step_done(self, event, now):
+            self.calls.append(("step_done", now))
+            return []
+
+        def on_sync_done(self, event):
+            self.calls.append(("sync_done", event.version))
+            return []
+
+        def on_replica_died(self, event):
+            self.calls.append(("died", event.replica))
+            return []
+
+        def on_replica_restarted(self, event):
+            self.calls.append(("restarted", event.replica))
+            return []
+
+    r: EventHandler = Recorder()
+    for event in (TrajectoryFinished(0, (0,)), TrainStepDone(1), SyncDone(0, 3), ReplicaDied(2), ReplicaRestarted(1)):
+        assert dispatch(event, r, 7.0) == []
+    assert r.calls == [("finished", 7.0), ("step_done", 7.0), ("sync_done", 3), ("died", 2), ("restarted", 1)]
+    with pytest.raises(TypeError, match="recorder: unknown event 'nope'"):
+        dispatch("nope", r, 0.0)  # type: ignore[arg-type]
+    for mode in ("sync", "one_step_off", "async", "multi_version", "pipe"):
+        s = make_scheduler(mode, SchedulerConfig(batch_size=2, group_size=2 if mode == "pipe" else 1), n_replicas=1)
+        with pytest.raises(TypeError, match=f"{mode}: unknown event"):
+            s.on_event("nope", 0.0)  # type: ignore[arg-type]

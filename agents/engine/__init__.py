@@ -15,7 +15,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "server": ["ENV_ARGS", "VLLMServer", "VLLMServerConfig", "env_args", "free_port"],
         "speculative": ["SPECULATIVE_METHODS", "SpeculativeConfig", "check_schedule", "load_aware", "parse_schedule",
                         "schedule_flag"],
-        "watch": ["EngineRestartsExhausted", "EngineWatch", "ManagedEngine", "WatchConfig", "rerun_on_death",
-                  "retry_on_death", "watching"],
+        "watch": ["EngineLog", "EngineRestartsExhausted", "EngineWatch", "ManagedEngine", "WatchConfig", "WatchHooks",
+                  "Watched", "died_since", "managed", "rerun_on_death", "retry_on_death", "watching"],
     },
 )

@@ -1,7 +1,12 @@
-"""A managed engine kept alive through an evaluation, and the episodes its deaths cut run again.
+"""One engine's life watched: its death noticed, the engine brought back, the work its death cut run again.
 
-:class:`EngineWatch` looks at the engine's process (``running``) every ``interval_s``. When it has
-exited (a crash, the OOM killer, a stray ``kill -9``), the watch
+This is the one engine watcher: ``sao-eval``'s managed engine (below) and each replica of the
+training driver (:mod:`sao.rl.rollout.replica_health`, through :class:`Watched` and its own
+:class:`WatchHooks`) are watched by an :class:`EngineWatch`.
+
+:class:`EngineWatch` looks at the engine every ``interval_s``: its process (``running``), and, for an
+engine with a ``/health`` probe, that probe (dead after ``failures`` failed calls in a row). When its
+process has exited (a crash, the OOM killer, a stray ``kill -9``), the watch
 
 1. bumps its *generation* and wakes the episodes in flight on the dead engine;
 2. stops what is left of the engine's process tree (vLLM's EngineCore outlives a killed API server;
@@ -18,8 +23,6 @@ With the restarts used up, :class:`EngineRestartsExhausted` ends the run: finish
 kept (they were written as they ended), and a resumed run plays the rest. :func:`retry_on_death`
 does the same for one call that is not an episode (a weight load, a version read): it is made again
 once the engine is back when the engine died under it.
-
-Training watches its replicas in :mod:`sao.rl.rollout.replica_health`, which also re-syncs their weights.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import EngineError
 from ..records import Trajectory
@@ -58,8 +61,14 @@ class EngineRestartsExhausted(EngineError):
 
 @dataclass(frozen=True)
 class WatchConfig:
+    """How an engine is watched: looked at every ``interval_s``; dead at once when its process has
+    exited, or (an engine with a ``/health`` probe) after ``failures`` failed calls in a row, each
+    bounded by ``timeout_s``; restarted at most ``max_restarts`` times in all."""
+
     interval_s: float = 0.2  # how often the process is looked at (a cheap waitpid)
     max_restarts: int = 3
+    failures: int = 3
+    timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_restarts < 0:
@@ -67,24 +76,97 @@ class WatchConfig:
                              f"{self.max_restarts}")
 
 
-class EngineWatch:
-    """Notices a managed engine's death and brings it back (module doc). Use as ``async with``."""
+@dataclass(frozen=True)
+class Watched:
+    """How a watch sees one engine and acts on it.
 
-    def __init__(self, engine: ManagedEngine, config: WatchConfig = WatchConfig(), *,
-                 on_restart: Callable[[], Awaitable[None]] | None = None):
-        self.engine, self.config = engine, config
-        self.on_restart = on_restart  # after each restart, before anything runs on the engine again
-        self.generation = 0  # bumped at each death
+    ``alive``: a cheap look at its process (None: no process of ours to look at). ``health``: its
+    ``/health`` (None: the process is all there is to look at). ``restart``: start it again at the same
+    address (None: someone else owns it; the watch waits until it answers again). ``stop``: once its
+    restarts are used up, leave nothing of it behind."""
+
+    alive: Callable[[], bool] | None = None
+    health: Callable[[], Awaitable[bool]] | None = None
+    restart: Callable[[], Awaitable[None]] | None = None
+    stop: Callable[[], Awaitable[None]] | None = None
+
+
+def managed(engine: ManagedEngine, on_restart: Callable[[], Awaitable[None]] | None = None) -> Watched:
+    """A managed engine as a watch sees it: its process, restarted (then ``on_restart``) and stopped in a
+    thread of their own (:func:`in_own_thread`)."""
+
+    async def restart() -> None:
+        await in_own_thread(engine.restart)
+        if on_restart is not None:
+            await on_restart()
+
+    async def stop() -> None:
+        await in_own_thread(engine.stop)
+
+    return Watched(alive=lambda: engine.running, restart=restart, stop=stop)
+
+
+class WatchHooks(Protocol):
+    """What the watch tells its owner, who words the logs and turns them into its own records."""
+
+    def died(self, cause: str, deaths: int) -> None: ...  # declared dead (its generation already bumped)
+
+    def restarting(self, restart: int, limit: int) -> None: ...
+
+    def restart_failed(self, error: Exception) -> None: ...  # counted; tried again while restarts are left
+
+    def back(self, after_s: float) -> None: ...  # it serves again (``after_s`` since its restart began)
+
+    def gave_up(self, deaths: int, limit: int) -> str: ...  # restarts used up: the message the run ends with
+
+
+class EngineLog:
+    """The hooks of a managed engine under ``sao-eval``: logs only."""
+
+    def died(self, cause: str, deaths: int) -> None:
+        log.warning("the engine's process exited (death %d); the episodes in flight on it are cut and run again "
+                    "once it is back", deaths)
+
+    def restarting(self, restart: int, limit: int) -> None:
+        log.warning("restarting the engine (restart %d of at most %d)", restart, limit)
+
+    def restart_failed(self, error: Exception) -> None:
+        log.warning("restarting the engine failed: %s", error)
+
+    def back(self, after_s: float) -> None:
+        log.warning("the engine is back after %.0f s", after_s)
+
+    def gave_up(self, deaths: int, limit: int) -> str:
+        message = f"the managed engine died {deaths} time(s) and its {limit} restart(s) are used up (max_restarts={limit})"
+        log.error("%s; no episode runs any more", message)
+        return message
+
+
+class EngineWatch:
+    """Notices an engine's death and brings it back (module doc). Use as ``async with`` (which runs
+    :meth:`poll`), or run :meth:`poll` where the owner wants it. ``engine``: a :class:`ManagedEngine`
+    (restarted, then ``on_restart``) or a :class:`Watched`; ``hooks``: who hears of its deaths and
+    returns (default :class:`EngineLog`); ``spawn``: runs its helper tasks (default: its own, ended at
+    the block's exit)."""
+
+    def __init__(self, engine: ManagedEngine | Watched, config: WatchConfig = WatchConfig(), *,
+                 on_restart: Callable[[], Awaitable[None]] | None = None, hooks: WatchHooks | None = None,
+                 spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None):
+        self.engine = engine if isinstance(engine, Watched) else managed(engine, on_restart)
+        self.config, self.hooks = config, hooks if hooks is not None else EngineLog()
+        self.generation = 0  # bumped at each death: late answers of a past life are ignored
         self.deaths = 0
         self.restarts = 0
         self.death = asyncio.Event()  # set when the current generation dies; a new one per generation
         self._serving = asyncio.Event()
         self._serving.set()
         self._gave_up: EngineRestartsExhausted | None = None
+        self._strikes = 0  # failed looks in a row
         self._tasks: list[asyncio.Task[None]] = []
+        self._spawn = spawn if spawn is not None else self._own_task
 
     async def __aenter__(self) -> EngineWatch:
-        self._tasks.append(asyncio.create_task(self._poll(), name="engine-watch"))
+        self._own_task(self.poll())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -102,6 +184,10 @@ class EngineWatch:
         """Whether it died with its restarts used up: it never serves again."""
         return self._gave_up is not None
 
+    def current(self, generation: int) -> bool:
+        """Whether it serves and is still in the life ``generation`` was read in."""
+        return self.serving and generation == self.generation
+
     async def ready(self) -> int:
         """Wait until the engine serves; return its generation. :class:`EngineRestartsExhausted` when
         it never will again."""
@@ -110,61 +196,99 @@ class EngineWatch:
             raise EngineRestartsExhausted(str(self._gave_up))
         return self.generation
 
+    async def poll(self) -> None:
+        """Look at the engine every ``interval_s`` (:meth:`probe`), forever."""
+        while True:
+            await asyncio.sleep(self.config.interval_s)
+            await self.probe()
+
     def check(self) -> None:
         """Declare the engine dead if its process has exited (nothing while it is being brought back,
         nor once the restarts are used up)."""
-        if self._gave_up is not None or not self._serving.is_set() or self.engine.running:
+        if self.serving and self._exited():
+            self.declare_dead("engine process exited")
+
+    async def probe(self, *, at_once: bool = False, cause: str | None = None) -> None:
+        """Declare the engine dead if it is: its process exited, or ``/health`` failed ``failures`` times
+        in a row (``at_once``: one failed look is enough -- a failed request or reload just hit it)."""
+        if not self.serving:
             return
+        if await self._healthy():
+            self._strikes = 0
+            return
+        self._strikes += 1
+        exited = self._exited()
+        if not self.serving or not (at_once or exited or self._strikes >= self.config.failures):
+            return
+        self.declare_dead(cause or ("engine process exited" if exited else
+                                    f"/health failed {self._strikes} time(s) in a row"))
+
+    def declare_dead(self, cause: str) -> None:
+        """It is dead: a new generation; those waiting on :attr:`death` wake; it is brought back."""
         self.generation += 1
         self.deaths += 1
+        self._strikes = 0
         self._serving.clear()
         died, self.death = self.death, asyncio.Event()
         died.set()
-        log.warning("the engine's process exited (death %d); the episodes in flight on it are cut and run again "
-                    "once it is back", self.deaths)
-        self._tasks.append(asyncio.create_task(self._revive(), name="engine-revive"))
+        self.hooks.died(cause, self.deaths)
+        self._spawn(self._revive())
 
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.interval_s)
-            self.check()
+    def _exited(self) -> bool:
+        return self.engine.alive is not None and not self.engine.alive()
+
+    async def _healthy(self) -> bool:
+        if self._exited():
+            return False
+        if self.engine.health is None:
+            return True
+        try:
+            return bool(await asyncio.wait_for(self.engine.health(), self.config.timeout_s))
+        except Exception:  # noqa: BLE001 - no answer is an unhealthy answer
+            return False
+
+    def _own_task(self, work: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(work))
 
     async def _revive(self) -> None:
-        """Restart the engine (what is left of it is stopped first), up to ``max_restarts`` times in all;
-        whatever happens, the episodes waiting in :meth:`ready` are let go (to run, or to raise)."""
+        """Bring the engine back; whatever happens, those waiting in :meth:`ready` are let go (to run,
+        or to raise)."""
         back = False
         try:
-            back = await self._restart()
+            back = await self._bring_back()
         finally:
             if not back and self._gave_up is None:  # cancelled, or an unexpected error
                 self._gave_up = EngineRestartsExhausted(f"the managed engine died {self.deaths} time(s) and "
                                                         "was not brought back")
             self._serving.set()
 
-    async def _restart(self) -> bool:
-        """True once the engine is back; False when the restarts are used up (it is stopped then)."""
-        limit = self.config.max_restarts
+    async def _bring_back(self) -> bool:
+        """Restart it (what is left of it is stopped first), up to ``max_restarts`` times in all, or wait
+        until an engine someone else owns answers again. True once it is back; False when the restarts
+        are used up (it is stopped then)."""
+        engine, limit = self.engine, self.config.max_restarts
+        while engine.restart is None:
+            await asyncio.sleep(self.config.interval_s)
+            if await self._healthy():
+                self.hooks.back(0.0)
+                return True
         while self.restarts < limit:
             self.restarts += 1
-            log.warning("restarting the engine (restart %d of at most %d)", self.restarts, limit)
+            self.hooks.restarting(self.restarts, limit)
             started = time.monotonic()
             try:
-                await in_own_thread(self.engine.restart)
-                if self.on_restart is not None:
-                    await self.on_restart()
+                await engine.restart()
             except Exception as exc:  # noqa: BLE001 - counted as a restart; tried again while any are left
-                log.warning("restarting the engine failed: %s", exc)
+                self.hooks.restart_failed(exc)
                 continue
-            log.warning("the engine is back after %.0f s", time.monotonic() - started)
+            self.hooks.back(time.monotonic() - started)
             return True
-        self._gave_up = EngineRestartsExhausted(
-            f"the managed engine died {self.deaths} time(s) and its {limit} restart(s) are used up "
-            f"(max_restarts={limit})")
-        log.error("%s; no episode runs any more", self._gave_up)
-        try:
-            await in_own_thread(self.engine.stop)  # leave no process of it behind
-        except Exception as exc:  # noqa: BLE001 - the run ends anyway; the server's exit stops it again
-            log.warning("stopping the dead engine failed: %s", exc)
+        self._gave_up = EngineRestartsExhausted(self.hooks.gave_up(self.deaths, limit))
+        if engine.stop is not None:
+            try:
+                await engine.stop()  # leave no process of it behind
+            except Exception as exc:  # noqa: BLE001 - the run ends anyway; the server's exit stops it again
+                log.warning("stopping the dead engine failed: %s", exc)
         return False
 
 
@@ -225,14 +349,18 @@ async def retry_on_death(watch: EngineWatch | None, call: Callable[[], Awaitable
 
 
 async def died_since(watch: EngineWatch, generation: int, grace_s: float = 2.0) -> bool:
-    """Whether the engine died after ``generation`` was read, giving the watch up to ``grace_s`` to see
-    a death that a failed request saw first (the process is reaped by another thread)."""
+    """Whether the engine died after ``generation`` was read. A call on it just failed, so it is looked at
+    at once, and given up to ``grace_s`` to be seen dead (a process is reaped by another thread); False:
+    it lives, the failure was the caller's own."""
     deadline = time.monotonic() + grace_s
-    while watch.generation == generation and time.monotonic() < deadline:
-        watch.check()
-        if watch.generation == generation:
-            await asyncio.sleep(0.05)
-    return watch.generation != generation
+    while watch.generation == generation:
+        await watch.probe(at_once=True)
+        if watch.generation != generation:
+            break
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 async def in_own_thread(fn: Callable[[], object]) -> None:

@@ -32,6 +32,11 @@ class OpenPrompts:
         family = getattr(ref, "family", None) or "default"
         return tuple(Prompt(ref.index, i, family) for i in range(size))
 
+    def reopen(self, refs: list[PromptRef]) -> None:
+        """A resumed run: ``refs`` (a checkpoint's open groups) are admitted again, first; nothing else is open."""
+        self.refs.clear()
+        self.replay = deque(refs)
+
     def close(self, group_id: int) -> None:
         self.refs.pop(group_id, None)
 

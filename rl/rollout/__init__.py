@@ -1,6 +1,7 @@
 """Rollout on real engines: a scheduler of :mod:`.schedulers` driven by asyncio over engine replicas
 (:mod:`.orchestrated`, its event loop :mod:`.driver_loop`), the seam between rollout and learner
-(:mod:`.sources`), replica health and restarts (:mod:`.replica_health`), the policy version of each turn
+(:mod:`.sources`), replica health and restarts (:mod:`.replica_health`), what each replica serves
+(:mod:`.served`), the policy version of each turn
 (:mod:`.versioned_client`), replicas that move (:mod:`.following`), episodes outside the schedule
 (:mod:`.off_schedule`) and a rollout whose every attempt fails (:mod:`.failure_streak`).
 

@@ -9,7 +9,9 @@
     Discard / Requeue / RecordFailed        -> write the attempt down (nothing is lost)
 
 One consumer (:meth:`DriverLoop.run`) reads the event queue and calls the scheduler, so the
-scheduler needs no lock. Replica health is the :class:`~sao.rl.rollout.replica_health.ReplicaWatcher`'s.
+scheduler needs no lock. Replica health is :class:`~sao.rl.rollout.replica_health.ReplicaHealth`'s; what each
+replica serves, :class:`~sao.rl.rollout.served.ServedVersions`' (the driver's loads and the watches' deaths
+are applied to it as events).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sao.agents import RolloutMeta, Trajectory
 from sao.agents.loop import episode_seed
 from sao.rl.prompts import OpenPrompts
 from sao.rl.rollout.failure_streak import FailureStreak
-from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaWatcher
+from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaHealth
 from sao.rl.rollout.schedulers import (
     Discard,
     RecordFailed,
@@ -42,36 +44,58 @@ from sao.rl.rollout.schedulers import (
 from sao.rl.learner import failure
 from sao.rl.prompts import PromptRef
 from sao.rl.rollout.schedulers import UNKNOWN_VERSION, LengthStats
+from sao.rl.rollout.served import ServedVersions
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, version_metrics
 
 log = logging.getLogger(__name__)
 
 RunEpisode = Callable[[Any, PromptRef, int, int], Awaitable[Trajectory]]  # (client, prompt, sample, seed)
-LoadVersion = Callable[[Replica, int], Awaitable[None]]  # load weights/v{version} into a replica
+LoadVersion = Callable[[int, int], Awaitable[None]]  # (replica id, version): load weights/v{version} into it
+
+
+class TaskSet:
+    """The tasks the driver starts (episodes, loads, watches): each dropped when it ends, all cancelled at
+    :meth:`aclose`."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class DriverLoop:
     """Runs ``scheduler`` over ``replicas`` (module doc). ``batches`` receives ``(part, ends the step)``."""
 
-    def __init__(self, scheduler: Scheduler, replicas: list[Replica], prompts: OpenPrompts, *,
-                 run_episode: RunEpisode, load: LoadVersion, seed: int,
+    def __init__(self, scheduler: Scheduler, replicas: list[Replica], versions: ServedVersions, prompts: OpenPrompts,
+                 *, run_episode: RunEpisode, load: LoadVersion, seed: int,
                  on_trajectory: Callable[[Trajectory], None], health: HealthConfig,
                  on_restart: Callable[[int], None], failing_after: int = 1 << 30):
-        self.scheduler, self.replicas, self.prompts = scheduler, replicas, prompts
+        self.scheduler, self.replicas, self.versions, self.prompts = scheduler, replicas, versions, prompts
         self.run_episode, self.load, self.seed, self.on_trajectory = run_episode, load, seed, on_trajectory
-        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.events: asyncio.Queue[Any] = asyncio.Queue()  # what the scheduler hears, from inside and out
+        self.tasks = TaskSet()
+        self.spawn = self.tasks.spawn
         self.streak = FailureStreak(failing_after)  # that many failed attempts in a row stop the loop
         self.batches: asyncio.Queue[tuple[RolloutBatch, bool]] = asyncio.Queue()
-        self.health = ReplicaWatcher(replicas, health, report=self.events.put_nowait, orphan=self._orphan,
-                                     spawn=self.spawn, on_restart=on_restart)
+        self.health = ReplicaHealth(replicas, health, report=self.events.put_nowait, served=versions.apply,
+                                    orphan=self._orphan, spawn=self.spawn, on_restart=on_restart)
         self._step_trajectories: list[Trajectory] = []  # parts already released for the step being assembled
         self._finished: dict[int, Trajectory] = {}
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
         self._failed: list[Trajectory] = []
         self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
         self.carried: dict[str, float] = {}  # a resumed run's attempts that earlier processes closed (closed_counts)
-        self.tasks: set[asyncio.Task[Any]] = set()
         self._t0 = time.monotonic()
         self._since_batch = time.monotonic()
 
@@ -96,10 +120,19 @@ class DriverLoop:
             self._execute(self.scheduler.on_event(event, self._now()))
             self.scheduler.check()
 
+    def reschedule(self, scheduler: Scheduler) -> None:
+        """Before :meth:`run`: the schedule is ``scheduler``'s (one that starts at a resumed run's version)."""
+        self.scheduler = scheduler
+
+    def carry(self, counts: dict[str, float], lengths: dict[str, Any]) -> None:
+        """Before :meth:`run`: earlier processes' closed counts and lengths, which this run goes on from."""
+        self.carried = {k: float(v) for k, v in counts.items()}
+        self.lengths.load_state_dict(lengths)
+
     def stats(self) -> dict[str, float]:
         s, c = self.scheduler.stats(), self.carried
         dead = self.health.dead
-        live = [r.version for i, r in enumerate(self.replicas) if i not in dead] or [UNKNOWN_VERSION]
+        live = self.versions.live(dead)
         return {
             "rollout/staleness_max": s.get("staleness/max", 0.0),
             "rollout/staleness_mean": s.get("staleness/mean", 0.0),
@@ -109,8 +142,8 @@ class DriverLoop:
             "rollout/trained": s.get("ledger/trained", 0.0) + c.get("trained", 0.0),
             "rollout/failed_total": s.get("ledger/failed", 0.0) + c.get("failed", 0.0),
             "rollout/in_flight": s.get("rollout/in_flight", 0.0),
-            "rollout/replica_deaths": float(sum(self.health.deaths)),
-            "rollout/replica_restarts": float(sum(self.health.restarts)),
+            "rollout/replica_deaths": float(self.health.deaths),
+            "rollout/replica_restarts": float(self.health.restarts),
             "rollout/replicas_live": float(len(self.replicas) - len(dead)),
             "engine/weight_version": float(max(live)),
             "engine/weight_version_min": float(min(live)),
@@ -130,12 +163,6 @@ class DriverLoop:
         c = self.scheduler.stats()
         ended = sum(c.get(f"ledger/{k}", 0.0) for k in ("in_flight", "waiting", "trained", "requeued", "failed"))
         return int(c.get("ledger/admitted", 0.0) - ended)
-
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -176,12 +203,13 @@ class DriverLoop:
                 raise TypeError(f"unknown action {action!r}")
 
     async def _episode(self, start: StartTrajectory) -> None:
-        replica = self.replicas[start.replica]
+        rid = start.replica
         ref = self.prompts.refs[start.prompt.group_id]
         seed = episode_seed(self.seed, ref.index, start.prompt.index + 1000 * start.prompt.attempt)
         trajectory: Trajectory | None
         try:
-            trajectory = await self.run_episode(VersionedClient(replica), ref, start.prompt.index, seed)
+            client = VersionedClient(self.replicas[rid].client, lambda: self.versions[rid])
+            trajectory = await self.run_episode(client, ref, start.prompt.index, seed)
         except Exception as exc:  # noqa: BLE001 - an episode that raises is a failed attempt, not a dead loop
             log.warning("trajectory %d raised %r; recorded as a failed attempt", start.traj_id, exc)
             trajectory, cause = None, f"episode raised {type(exc).__name__}: {exc}"
@@ -214,12 +242,12 @@ class DriverLoop:
             self.events.put_nowait(error)
 
     async def _sync(self, action: SyncReplica) -> None:
-        rid, replica = action.replica, self.replicas[action.replica]
-        generation = self.health.generation[rid]
-        if replica.version == UNKNOWN_VERSION:  # restarted: it serves the weights it was launched with
+        rid = action.replica
+        generation = self.health.generation(rid)
+        if self.versions[rid] == UNKNOWN_VERSION:  # restarted: it serves the weights it was launched with
             log.warning("replica %d, restarted, loads version %d before it serves again", rid, action.version)
         try:
-            await self.load(replica, action.version)
+            await self.load(rid, action.version)
         except Exception as exc:  # noqa: BLE001 - a replica that cannot load weights is treated as dead
             if self.health.current(rid, generation):
                 log.warning("replica %d failed to load version %d: %r", rid, action.version, exc)

@@ -24,7 +24,8 @@ from sao.agents.loop import episode_seed
 from sao.rl.learner import failure
 from sao.rl.prompts import PromptRef
 from sao.rl.rollout.driver_loop import RunEpisode
-from sao.rl.rollout.replica_health import Replica, ReplicaWatcher
+from sao.rl.rollout.replica_health import Replica, ReplicaHealth
+from sao.rl.rollout.served import ServedVersions
 from sao.rl.rollout.sources import RolloutBatch, rollout_metrics
 from sao.rl.rollout.versioned_client import VersionedClient, turn_versions
 
@@ -32,13 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class OffSchedule:
-    """Warm-up batches and forgetting probes on ``replicas`` (module doc). ``load(replica, version)`` gives
-    a replica a version (the driver's load); ``on_trajectory`` records each episode as it ends."""
+    """Warm-up batches and forgetting probes on ``replicas`` (module doc), which serve ``versions``.
+    ``load(rid, version)`` gives a replica a version (the driver's load); ``on_trajectory`` records each
+    episode as it ends."""
 
-    def __init__(self, replicas: list[Replica], health: ReplicaWatcher, run_episode: RunEpisode, *, seed: int,
-                 on_trajectory: Callable[[Trajectory], None], load: Callable[[Replica, int], Awaitable[None]],
-                 slots: int):
-        self.replicas, self.health, self.run_episode, self.seed = replicas, health, run_episode, seed
+    def __init__(self, replicas: list[Replica], versions: ServedVersions, health: ReplicaHealth,
+                 run_episode: RunEpisode, *, seed: int, on_trajectory: Callable[[Trajectory], None],
+                 load: Callable[[int, int], Awaitable[None]], slots: int):
+        self.replicas, self.versions, self.health = replicas, versions, health
+        self.run_episode, self.seed = run_episode, seed
         self.on_trajectory, self.load = on_trajectory, load
         self._slots = asyncio.Semaphore(slots)
         self._reloads: dict[tuple[int, int], asyncio.Future[None]] = {}  # (replica, generation) -> its reload
@@ -55,10 +58,9 @@ class OffSchedule:
     async def _warm(self, rid: int, ref: PromptRef, sample: int, version: int) -> Trajectory:
         attempt = 0
         while True:
-            generation = self.health.generation[rid]
+            generation = self.health.generation(rid)
             async with self._slots:
-                t = await self.run_episode(VersionedClient(self.replicas[rid]), ref, sample,
-                                           episode_seed(self.seed, ref.index, sample))
+                t = await self.run_episode(self._client(rid), ref, sample, episode_seed(self.seed, ref.index, sample))
             t = replace(t, rollout=RolloutMeta(ref.index, version, replica=rid, attempt=attempt, warmup=True))
             self.on_trajectory(t)
             # one check at once, as the driver makes for a failed scheduled episode
@@ -67,9 +69,9 @@ class OffSchedule:
             log.warning("a warm-up episode of prompt %d was cut by replica %d's death; it runs again once the "
                         "replica is back", ref.index, rid)
             await self.health.back(rid)
-            key = (rid, self.health.generation[rid])
+            key = (rid, self.health.generation(rid))
             if key not in self._reloads:  # the episodes it cut wait on one reload
-                self._reloads[key] = asyncio.ensure_future(self.load(self.replicas[rid], version))
+                self._reloads[key] = asyncio.ensure_future(self.load(rid, version))
             await asyncio.shield(self._reloads[key])
             attempt += 1
 
@@ -77,14 +79,16 @@ class OffSchedule:
         live = [k for k in range(len(self.replicas)) if k not in self.health.dead]
         if not live:
             raise RuntimeError("no live replica to run the forgetting probes on")
-        k = max(live, key=lambda i: self.replicas[i].version)
-        replica = self.replicas[k]
+        k = max(live, key=lambda i: self.versions[i])
 
         async def one(ref: PromptRef) -> Trajectory:
-            start = replica.version
-            t = await self.run_episode(VersionedClient(replica), ref, 0, episode_seed(self.seed, ref.index, 0))
+            start = self.versions[k]
+            t = await self.run_episode(self._client(k), ref, 0, episode_seed(self.seed, ref.index, 0))
             t = replace(t, rollout=RolloutMeta(ref.index, min(turn_versions(t, start)), replica=k, probe=True))
             self.on_trajectory(t)
             return t
 
         return list(await asyncio.gather(*(one(ref) for ref in prompts)))
+
+    def _client(self, rid: int) -> VersionedClient:
+        return VersionedClient(self.replicas[rid].client, lambda: self.versions[rid])

@@ -7,15 +7,18 @@ whose parts live by role:
 
 - :mod:`sao.rl.rollout.driver_loop`: the event loop that executes the scheduler's actions (episodes as
   tasks, per-replica weight reloads, the learner's batch parts);
-- :mod:`sao.rl.rollout.replica_health`: :class:`Replica`, :class:`HealthConfig` and the watcher that turns
-  a crashed or hung replica into ``ReplicaDied``, restarts it and reports ``ReplicaRestarted``;
+- :mod:`sao.rl.rollout.replica_health`: :class:`Replica`, :class:`HealthConfig` and the replicas' watches
+  (:class:`~sao.agents.engine.watch.EngineWatch`), which turn a crashed or hung replica into
+  ``ReplicaDied``, restart it and report ``ReplicaRestarted``;
+- :mod:`sao.rl.rollout.served`: what each replica serves, the one record of its version;
 - :mod:`sao.rl.rollout.versioned_client`: the version of every turn (the oldest counts for staleness);
 - :mod:`sao.rl.prompts.open_prompts`: the prompts admitted but not yet trained.
 
 The learner publishes a version by writing its checkpoint (:class:`~sao.rl.weights.sync.WeightPublisher`)
 and calling :meth:`on_weights`; the scheduler decides when each replica loads it. ``rollout=sync``
 differs in two ways: the learner loads each version into its one engine itself and probes it
-(:mod:`sao.rl.weights.replica_sync`), so the driver's load finds it there and only records it; and its
+(:mod:`sao.rl.weights.replica_sync`), reporting ``Served(replica, version, pushed=True)`` to this source
+(:meth:`OrchestratedRollout.apply`), so the driver's load finds it served and has nothing to do; and its
 scheduler hears of the version when the learner asks for the next batch, so nothing is sampled
 between a batch and the next request for one.
 
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -42,9 +44,10 @@ from sao.rl.rollout.driver_loop import DriverLoop, RunEpisode
 from sao.rl.rollout.off_schedule import OffSchedule
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaControl
 from sao.rl.rollout.schedulers import UNKNOWN_VERSION, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
+from sao.rl.rollout.served import ServedVersions
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta
 from sao.rl.rollout.versioned_client import turn_versions
-from sao.rl.weights import load_weights, version_dir
+from sao.rl.weights import Served, load_weights, version_dir
 
 __all__ = ["HealthConfig", "OrchestratedRollout", "Replica", "ReplicaControl", "RunEpisode", "turn_versions"]
 
@@ -77,7 +80,9 @@ class OrchestratedRollout:
         self.keep_kv = keep_kv  # a load keeps the in-flight requests' KV blocks (sao.rl.weights.load)
         self._prompts = OpenPrompts(tasks)
         self.start_version = 0
-        self._driver = DriverLoop(make_scheduler(mode, config, len(replicas), self._prompts), replicas, self._prompts,
+        self._versions = ServedVersions(len(replicas))
+        self._driver = DriverLoop(make_scheduler(mode, config, len(replicas), self._prompts), replicas, self._versions,
+                                  self._prompts,
                                   run_episode=run_episode, load=self._load, seed=seed,
                                   on_trajectory=lambda t: self.on_trajectory(t),  # the trainer may set it later
                                   health=health, on_restart=on_restart,
@@ -87,7 +92,7 @@ class OrchestratedRollout:
         self._loaded: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._published: int | None = None  # rollout=sync: a version published, not yet told the scheduler
-        self._off = OffSchedule(replicas, self._driver.health, run_episode, seed=seed, load=self._load,
+        self._off = OffSchedule(replicas, self._versions, self._driver.health, run_episode, seed=seed, load=self._load,
                                 on_trajectory=lambda t: self.on_trajectory(t),
                                 slots=config.max_concurrency * len(replicas))
 
@@ -153,7 +158,7 @@ class OrchestratedRollout:
                 raise RuntimeError(f"version {version} published before the first scheduled batch but after "
                                    f"the replicas loaded version {self.start_version}")
             self.start_version = version
-            self._driver.scheduler = make_scheduler(self.mode, self.config, len(self.replicas), self._prompts, version)
+            self._driver.reschedule(make_scheduler(self.mode, self.config, len(self.replicas), self._prompts, version))
             return
         if self.mode == "sync":  # its next batch starts when the learner asks for it (next_parts), as a
             self._published = version  # synchronous loop's does: nothing samples under its probes, evaluation
@@ -176,19 +181,18 @@ class OrchestratedRollout:
         if self._loop_task is not None:
             raise RuntimeError("load_state_dict comes before the first batch")
         self.tasks.load_state_dict(state["tasks"])
-        self._prompts.refs.clear()
-        self._prompts.replay = deque(ref_from_dict(d) for d in state.get("open", []))
-        self._driver.carried = {k: float(v) for k, v in state.get("counts", {}).items()}  # the run's counts go on
-        self._driver.lengths.load_state_dict(state.get("lengths", {}))
+        self._prompts.reopen([ref_from_dict(d) for d in state.get("open", [])])
+        self._driver.carry(state.get("counts", {}), state.get("lengths", {}))  # the run's counts go on
         if self._prompts.replay:
             log.info("re-admitting %d prompt(s) that were in flight or untrained at the checkpoint",
                      len(self._prompts.replay))
 
     async def aclose(self) -> None:
-        tasks = [*self._driver.tasks, *([self._loop_task] if self._loop_task else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        await self._driver.tasks.aclose()
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
 
     def _ensure_running(self) -> None:
         if self._loop_task is None:
@@ -209,12 +213,14 @@ class OrchestratedRollout:
         """Every replica loads the learner's start version before it serves (once)."""
         if self._loaded is None:
             self._loaded = asyncio.ensure_future(asyncio.gather(
-                *(self._load(r, self.start_version) for r in self.replicas)))
+                *(self._load(rid, self.start_version) for rid in range(len(self.replicas)))))
         await asyncio.shield(self._loaded)
+
+    # ------------------------------------------------------------ a push's target (sao.rl.weights.PushTarget)
 
     def generation(self, rid: int) -> int:
         """Replica ``rid``'s life: bumped at each of its deaths (:mod:`sao.rl.rollout.replica_health`)."""
-        return self._driver.health.generation[rid]
+        return self._driver.health.generation(rid)
 
     async def back_since(self, rid: int, generation: int) -> bool:
         """Whether replica ``rid`` died after ``generation`` was read (a call on it just failed) and, when
@@ -224,19 +230,20 @@ class OrchestratedRollout:
         if self._loop_task is None or not await health.died_since(rid, generation):
             return False
         await health.back(rid)
-        while self.replicas[rid].version == UNKNOWN_VERSION:
+        while self._versions[rid] == UNKNOWN_VERSION:
             if self._loop_task.done():
                 raise RuntimeError(f"replica {rid} did not come back: {self._error!r}") from self._error
             await asyncio.sleep(0.05)
         return True
 
-    async def _load(self, replica: Replica, version: int) -> None:
-        def serves() -> None:
-            replica.version = version
+    def apply(self, event: Served) -> None:
+        """The learner's weight sync reports what a replica serves now (``rollout=sync``'s push)."""
+        self._versions.apply(event)
 
-        if self.mode == "sync" and await replica.control.weight_version() == str(version):  # type: ignore[attr-defined]
-            serves()  # it serves that version already: the learner's WeightSync loaded it (sao.rl.weights.replica_sync)
-            return
-        await load_weights(replica.control, version_dir(self.weights_root, version).resolve(), version,
+    async def _load(self, rid: int, version: int) -> None:
+        """Replica ``rid`` serves ``version`` once this returns: loaded, unless a push made it serve it already."""
+        if self._versions.pushed(rid, version):
+            return  # the learner's WeightSync loaded it (sao.rl.weights.replica_sync)
+        await load_weights(self.replicas[rid].control, version_dir(self.weights_root, version).resolve(), version,
                            mode="keep", timeout_s=self.reload_timeout_s, keep_kv=self.keep_kv,
-                           before_resume=serves)
+                           before_resume=lambda: self._versions.apply(Served(rid, version)))

@@ -1,27 +1,28 @@
-"""Replica health for the rollout driver: what a replica is, when it is dead, and bringing it back.
+"""Replica health for the rollout driver: what a replica is, and what its deaths and returns mean to the driver.
 
-A :class:`ReplicaWatcher` checks every replica each ``health.interval_s``; one whose process exited
-(``Replica.alive``) or whose ``/health`` failed ``health.failures`` times in a row is dead. The
-driver also asks for a check at once when an episode fails, so a crash is seen before its failed
-attempts count against their prompts. A dead replica -> :class:`~sao.rl.rollout.schedulers.ReplicaDied` (the
-scheduler re-queues or fails its in-flight attempts; the driver cancels their tasks), then
-``Replica.restart`` (a managed vLLM starts again on its port) or, for an external engine, waiting
-for ``/health`` -> :class:`~sao.rl.rollout.schedulers.ReplicaRestarted` (the scheduler syncs it to the newest
-version before it serves). Each death bumps the replica's *generation*: a late answer of a past life
-(a reload that finishes after the death) is ignored.
+Each replica is watched by the one engine watcher, :class:`~sao.agents.engine.watch.EngineWatch`: a
+check every ``health.interval_s``; one whose process exited (``Replica.alive``) or whose ``/health``
+failed ``health.failures`` times in a row is dead. The driver also asks for a check at once when an
+episode fails, so a crash is seen before its failed attempts count against their prompts. A dead
+replica -> :class:`~sao.rl.rollout.schedulers.ReplicaDied` (applied to what the replica serves,
+:mod:`sao.rl.rollout.served`; the scheduler re-queues or fails its in-flight attempts; the driver
+cancels their tasks), then ``Replica.restart`` (a managed vLLM starts again on its port) or, for an
+external engine, waiting for ``/health`` -> :class:`~sao.rl.rollout.schedulers.ReplicaRestarted` (the
+scheduler syncs it to the newest version before it serves). Each death bumps the replica's
+*generation*: a late answer of a past life (a reload that finishes after the death) is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sao.agents.clients import CompletionClient
-from sao.rl.rollout.schedulers import UNKNOWN_VERSION, ReplicaDied, ReplicaRestarted
+from sao.agents.engine import EngineRestartsExhausted, EngineWatch, Watched, WatchConfig, died_since
+from sao.rl.rollout.schedulers import ReplicaDied, ReplicaRestarted
 from sao.rl.weights import WeightControl
 
 log = logging.getLogger(__name__)
@@ -35,142 +36,120 @@ class ReplicaControl(WeightControl, Protocol):
 
 @dataclass
 class Replica:
-    """One engine replica: where completions go, how it is controlled, and what it serves now.
+    """One engine replica the driver runs episodes on: where completions go and how it is controlled.
+    What it serves is :class:`~sao.rl.rollout.served.ServedVersions`'.
 
     ``alive``: a cheap liveness check (a managed server's process is running); None for an
     external engine, checked through ``control.health()`` only. ``restart``: start it again (same
-    address); None when someone else owns the engine (the watcher then waits for it to come back).
+    address); None when someone else owns the engine (the watch then waits for it to come back).
     """
 
     client: CompletionClient
     control: ReplicaControl
-    version: int = 0
     alive: Callable[[], bool] | None = None
     restart: Callable[[], Awaitable[None]] | None = None
 
+    def watched(self) -> Watched:
+        return Watched(alive=self.alive, health=self.control.health, restart=self.restart)
+
 
 @dataclass(frozen=True)
-class HealthConfig:
-    """How replicas are watched: a check every ``interval_s``; dead after ``failures`` failed
-    ``/health`` calls in a row (each bounded by ``timeout_s``) or at once when ``alive()`` is
-    False; at most ``max_restarts`` restarts per replica, after which the rollout loop stops."""
+class HealthConfig(WatchConfig):
+    """How replicas are watched (:class:`~sao.agents.engine.watch.WatchConfig`): a check every
+    ``interval_s``; dead after ``failures`` failed ``/health`` calls in a row (each bounded by
+    ``timeout_s``) or at once when ``alive()`` is False; at most ``max_restarts`` restarts per replica,
+    after which the rollout loop stops."""
 
     interval_s: float = 5.0
-    failures: int = 3
-    timeout_s: float = 10.0
-    max_restarts: int = 3
 
 
-class ReplicaWatcher:
-    """Declares replicas dead and brings them back (module doc).
+class _ReplicaHooks:
+    """What replica ``rid``'s watch tells the driver (its :class:`~sao.agents.engine.watch.WatchHooks`)."""
+
+    def __init__(self, rid: int, replica: Replica, health: ReplicaHealth):
+        self.rid, self.replica, self.health = rid, replica, health
+
+    def died(self, cause: str, deaths: int) -> None:
+        event = ReplicaDied(self.rid, cause)
+        self.health.served(event)  # it serves unknown weights now
+        self.health.report(event)  # before any late TrajectoryFinished of its episodes
+        orphans = self.health.orphan(self.rid)
+        log.warning("replica %d died (%s); %d trajectories in flight on it are re-queued or recorded failed",
+                    self.rid, cause, orphans)
+
+    def restarting(self, restart: int, limit: int) -> None:
+        log.warning("restarting replica %d (restart %d of at most %d)", self.rid, restart, limit)
+
+    def restart_failed(self, error: Exception) -> None:
+        log.warning("restarting replica %d failed: %r", self.rid, error)
+
+    def back(self, after_s: float) -> None:
+        if self.replica.restart is not None:
+            self.health.on_restart(self.rid)
+        log.info("replica %d is back; it loads the newest weights before it serves", self.rid)
+        self.health.report(ReplicaRestarted(self.rid))
+
+    def gave_up(self, deaths: int, limit: int) -> str:
+        message = f"replica {self.rid} died {deaths} time(s); engine.max_restarts={limit} restarts used up"
+        self.health.report(RuntimeError(message))
+        return message
+
+
+class ReplicaHealth:
+    """The driver's replicas, each under an :class:`~sao.agents.engine.watch.EngineWatch` (module doc).
 
     ``report``: where its events go (the driver's event queue): ``ReplicaDied``, ``ReplicaRestarted``,
-    or an exception when a replica's restarts are used up. ``orphan(rid)``: cancel the episodes in
-    flight on a dead replica, returning how many. ``spawn``: run a helper task the driver owns.
+    or an exception when a replica's restarts are used up. ``served``: applies a death to what the
+    replica serves. ``orphan(rid)``: cancel the episodes in flight on a dead replica, returning how many.
+    ``spawn``: run a helper task the driver owns. ``on_restart(rid)``: a replica was restarted.
     """
 
     def __init__(self, replicas: list[Replica], config: HealthConfig, *, report: Callable[[Any], None],
-                 orphan: Callable[[int], int], spawn: Callable[[Awaitable[Any]], Any],
-                 on_restart: Callable[[int], None] = lambda rid: None):
-        self.replicas, self.config = replicas, config
-        self.report, self.orphan, self.spawn, self.on_restart = report, orphan, spawn, on_restart
-        self.dead: set[int] = set()
-        self._strikes = [0] * len(replicas)
-        self.generation = [0] * len(replicas)  # bumped at each death: late answers of a past life are ignored
-        self.deaths = [0] * len(replicas)
-        self.restarts = [0] * len(replicas)
-        self.given_up: dict[int, str] = {}  # replicas whose restarts are used up: why
+                 served: Callable[[ReplicaDied], None], orphan: Callable[[int], int],
+                 spawn: Callable[[Awaitable[Any]], Any], on_restart: Callable[[int], None] = lambda rid: None):
+        self.report, self.served, self.orphan, self.on_restart = report, served, orphan, on_restart
+        self.watches = [EngineWatch(r.watched(), config, hooks=_ReplicaHooks(rid, r, self), spawn=spawn)
+                        for rid, r in enumerate(replicas)]
+
+    @property
+    def dead(self) -> set[int]:
+        """The replicas that do not serve now (being brought back, or given up)."""
+        return {rid for rid, w in enumerate(self.watches) if not w.serving}
+
+    @property
+    def deaths(self) -> int:
+        return sum(w.deaths for w in self.watches)
+
+    @property
+    def restarts(self) -> int:
+        return sum(w.restarts for w in self.watches)
+
+    def generation(self, rid: int) -> int:
+        """Replica ``rid``'s life: bumped at each of its deaths."""
+        return self.watches[rid].generation
 
     def current(self, rid: int, generation: int) -> bool:
         """Whether ``rid`` is live and still in the life ``generation`` was read in."""
-        return rid not in self.dead and generation == self.generation[rid]
+        return self.watches[rid].current(generation)
 
     async def watch(self) -> None:
         """Check every live replica each ``interval_s``."""
-        while True:
-            await asyncio.sleep(self.config.interval_s)
-            await asyncio.gather(*(self.check(rid) for rid in range(len(self.replicas)) if rid not in self.dead))
+        await asyncio.gather(*(w.poll() for w in self.watches))
 
-    async def healthy(self, replica: Replica) -> bool:
-        if replica.alive is not None and not replica.alive():
-            return False
-        try:
-            return bool(await asyncio.wait_for(replica.control.health(), self.config.timeout_s))
-        except Exception:  # noqa: BLE001 - no answer is an unhealthy answer
-            return False
-
-    async def check(self, rid: int, *, at_once: bool = False, cause: str | None = None) -> None:
-        """Declare ``rid`` dead if it is: its process exited, or ``/health`` failed ``failures`` times
-        in a row (``at_once``: one failed check is enough -- a failed episode or reload just hit it)."""
-        if rid in self.dead:
-            return
-        replica = self.replicas[rid]
-        if await self.healthy(replica):
-            self._strikes[rid] = 0
-            return
-        self._strikes[rid] += 1
-        exited = replica.alive is not None and not replica.alive()
-        if rid in self.dead or not (at_once or exited or self._strikes[rid] >= self.config.failures):
-            return
-        self.declare_dead(rid, cause or ("engine process exited" if exited else
-                                         f"/health failed {self._strikes[rid]} time(s) in a row"))
+    async def check(self, rid: int, *, at_once: bool = False) -> None:
+        """Declare ``rid`` dead if it is (``at_once``: one failed check is enough)."""
+        await self.watches[rid].probe(at_once=at_once)
 
     async def died_since(self, rid: int, generation: int, grace_s: float = 2.0) -> bool:
-        """Whether ``rid`` died after ``generation`` was read. A call on it just failed, so it is checked at
-        once, and given ``grace_s`` to be seen dead (False: it lives; the failure was the caller's own)."""
-        deadline = time.monotonic() + grace_s
-        while self.generation[rid] == generation:
-            await self.check(rid, at_once=True)
-            if self.generation[rid] != generation:
-                break
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
+        """Whether ``rid`` died after ``generation`` was read (a call on it just failed; False: it lives)."""
+        return await died_since(self.watches[rid], generation, grace_s)
 
     async def back(self, rid: int) -> None:
         """Wait until ``rid`` is back (restarted, or answering again); raise once its restarts are used up."""
-        while rid in self.dead:
-            if rid in self.given_up:
-                raise RuntimeError(self.given_up[rid])
-            await asyncio.sleep(0.05)
+        try:
+            await self.watches[rid].ready()
+        except EngineRestartsExhausted as exc:
+            raise RuntimeError(str(exc)) from None
 
     def declare_dead(self, rid: int, cause: str) -> None:
-        self.dead.add(rid)
-        self.generation[rid] += 1
-        self.deaths[rid] += 1
-        self._strikes[rid] = 0
-        self.replicas[rid].version = UNKNOWN_VERSION
-        self.report(ReplicaDied(rid, cause))  # before any late TrajectoryFinished of its episodes
-        orphans = self.orphan(rid)
-        log.warning("replica %d died (%s); %d trajectories in flight on it are re-queued or recorded failed",
-                    rid, cause, orphans)
-        self.spawn(self._revive(rid))
-
-    async def _revive(self, rid: int) -> None:
-        """Restart a managed replica (or wait for an external one to answer again), then report it."""
-        replica = self.replicas[rid]
-        while True:
-            if replica.restart is None:
-                await asyncio.sleep(self.config.interval_s)
-                if not await self.healthy(replica):
-                    continue
-            else:
-                if self.restarts[rid] >= self.config.max_restarts:
-                    self.given_up[rid] = (f"replica {rid} died {self.deaths[rid]} time(s); engine.max_restarts="
-                                          f"{self.config.max_restarts} restarts used up")
-                    self.report(RuntimeError(self.given_up[rid]))
-                    return
-                self.restarts[rid] += 1
-                log.warning("restarting replica %d (restart %d of at most %d)", rid, self.restarts[rid],
-                            self.config.max_restarts)
-                try:
-                    await replica.restart()
-                except Exception as exc:  # noqa: BLE001 - counted; tried again up to max_restarts
-                    log.warning("restarting replica %d failed: %r", rid, exc)
-                    continue
-                self.on_restart(rid)
-            break
-        self.dead.discard(rid)
-        log.info("replica %d is back; it loads the newest weights before it serves", rid)
-        self.report(ReplicaRestarted(rid))
+        self.watches[rid].declare_dead(cause)

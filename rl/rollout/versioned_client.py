@@ -10,30 +10,27 @@ oldest version is the trajectory's for staleness (METHOD.md 1.10).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from sao.agents import Completion, Trajectory, VersionSpan
-from sao.agents.clients import SamplingParams
+from sao.agents.clients import CompletionClient, SamplingParams
 from sao.agents.records import VersionRuns
-
-if TYPE_CHECKING:
-    from sao.rl.rollout.replica_health import Replica
 
 log = logging.getLogger(__name__)
 
 
 class VersionedClient:
-    """Stamps each completion with the replica's version at request time and at answer time."""
+    """Stamps each completion of ``client`` with its replica's version (``version()``, read from
+    :class:`~sao.rl.rollout.served.ServedVersions`) at request time and at answer time."""
 
-    def __init__(self, replica: Replica):
-        self.replica = replica
+    def __init__(self, client: CompletionClient, version: Callable[[], int]):
+        self.client, self.version = client, version
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        before = self.replica.version
-        completion = await self.replica.client.complete(prompt_ids, params)
-        span = VersionSpan(before, self.replica.version)
+        before = self.version()
+        completion = await self.client.complete(prompt_ids, params)
+        span = VersionSpan(before, self.version())
         return replace(completion, policy_versions=span, token_versions=runs_within(completion, span))
 
 

@@ -9,8 +9,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "export": ["export_model"],
-        "load": ["WeightControl", "load_weights"],
-        "replica_sync": ["ReplicaWeightSync"],
+        "load": ["Served", "WeightControl", "load_weights"],
+        "replica_sync": ["PushTarget", "ReplicaWeightSync"],
         "staging": ["FolderFiles", "ObjectStoreStager", "prune", "read_folder", "write_folder"],
         "sync": ["NcclWeightSync", "WeightPublisher", "WeightSync", "check_engine_untied", "export_engine_model",
                  "list_versions", "prune_versions", "save_checkpoint", "version_dir"],

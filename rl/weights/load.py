@@ -41,6 +41,18 @@ class WeightControl(Protocol):
 
 
 @dataclass(frozen=True)
+class Served:
+    """Event: engine replica ``replica`` serves weights ``version`` from now on (a load of it is in and it
+    resumes). ``pushed``: the learner's weight sync made that load (``rollout=sync``,
+    :mod:`sao.rl.weights.replica_sync`), not the rollout driver. The rollout driver's record of what each
+    replica serves applies it (:mod:`sao.rl.rollout.served`)."""
+
+    replica: int
+    version: int
+    pushed: bool = False
+
+
+@dataclass(frozen=True)
 class Loaded:
     """What one load took: the reload's seconds, and whether the engine reset its prefix cache
     (vLLM refuses while blocks are in use)."""

@@ -43,6 +43,7 @@ from sao.rl.rollout.schedulers.core import (
     TrainStepDone,
     TrajectoryFinished,
 )
+from sao.rl.rollout.schedulers.dispatch import dispatch
 
 log = logging.getLogger(__name__)
 
@@ -134,31 +135,32 @@ class _BatchMode:
         return self._open_batch(now)
 
     def on_event(self, event: Event, now: float) -> list[Action]:
-        out: list[Action] = []
-        if isinstance(event, TrajectoryFinished):
-            out += self._finished(event, now)
-        elif isinstance(event, TrainStepDone):
-            self.book.step_done(event.version)
-            out += self._on_step_done(now)
-        elif isinstance(event, SyncDone):
-            if self.book.pool.end_sync(event.replica, event.version):
-                self._barrier.discard(event.replica)
-                out += self._realign(event.replica)
-        elif isinstance(event, ReplicaDied):
-            self._barrier.discard(event.replica)
-            actions, routed = self.book.died(event)
-            out += actions
-            for tid, retry in routed:
-                out += self._route_retry(tid, retry)
-        elif isinstance(event, ReplicaRestarted):
-            out += self.book.restarted(event.replica, self._serving_version())
-        else:
-            raise TypeError(f"{self.name}: unknown event {event!r}")
+        out = dispatch(event, self, now)
         if self._open_after_barrier and not self._barrier:
             out += self._open_batch(now)
             for r in self.book.pool:
                 out += self._realign(r.rid)
         return out + self._admit(now)
+
+    def on_step_done(self, event: TrainStepDone, now: float) -> list[Action]:
+        self.book.step_done(event.version)
+        return self._after_step(now)
+
+    def on_sync_done(self, event: SyncDone) -> list[Action]:
+        if not self.book.pool.end_sync(event.replica, event.version):
+            return []
+        self._barrier.discard(event.replica)
+        return self._realign(event.replica)
+
+    def on_replica_died(self, event: ReplicaDied) -> list[Action]:
+        self._barrier.discard(event.replica)
+        out, routed = self.book.died(event)
+        for tid, retry in routed:
+            out += self._route_retry(tid, retry)
+        return out
+
+    def on_replica_restarted(self, event: ReplicaRestarted) -> list[Action]:
+        return self.book.restarted(event.replica, self._serving_version())
 
     def stats(self) -> dict[str, float]:
         return self.book.stats()
@@ -216,7 +218,7 @@ class _BatchMode:
             out.append(action)
         return out
 
-    def _finished(self, event: TrajectoryFinished, now: float) -> list[Action]:
+    def on_finished(self, event: TrajectoryFinished, now: float) -> list[Action]:
         a = self.book.finished(event.traj_id)
         if a is None:
             return []
@@ -286,7 +288,7 @@ class _BatchMode:
     def _on_batch_complete(self, now: float) -> list[Action]:
         raise NotImplementedError
 
-    def _on_step_done(self, now: float) -> list[Action]:
+    def _after_step(self, now: float) -> list[Action]:
         raise NotImplementedError
 
 
@@ -300,7 +302,7 @@ class SyncScheduler(_BatchMode):
         groups, self.batch = list(self.batch.groups.values()), None
         return self._train(groups, final=True)
 
-    def _on_step_done(self, now: float) -> list[Action]:
+    def _after_step(self, now: float) -> list[Action]:
         return self._sync_all_then_open()
 
 
@@ -322,7 +324,7 @@ class OneStepOffScheduler(_BatchMode):
             return []
         return self._train(groups, final=True) + self._next_batch(now)
 
-    def _on_step_done(self, now: float) -> list[Action]:
+    def _after_step(self, now: float) -> list[Action]:
         if self._ready is None:
             return []  # the batch being generated goes on on its version
         groups, self._ready = self._ready, None
@@ -365,6 +367,6 @@ class PipeScheduler(_BatchMode):
     def _on_batch_complete(self, now: float) -> list[Action]:
         return []
 
-    def _on_step_done(self, now: float) -> list[Action]:
+    def _after_step(self, now: float) -> list[Action]:
         self.batch = None
         return self._sync_all_then_open()

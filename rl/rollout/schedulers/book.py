@@ -139,6 +139,24 @@ class Book:
         self.ledger.requeue(traj_id, cause)
         return [Requeue(traj_id, a.prompt, cause)], a.prompt.retry()
 
+    def requeue(self, retry: Prompt | None) -> None:
+        """Queue a request's retry first in line (group size 1 modes; None: nothing to queue)."""
+        if retry is not None:
+            self.retries.appendleft(retry)
+
+    def lost_requeued(self, traj_id: int, cause: str) -> list[Action]:
+        """:meth:`lost`, its retry queued first in line (group size 1 modes)."""
+        actions, retry = self.lost(traj_id, cause)
+        self.requeue(retry)
+        return actions
+
+    def died_requeued(self, event: ReplicaDied) -> list[Action]:
+        """:meth:`died`, every retry queued first in line (group size 1 modes)."""
+        actions, routed = self.died(event)
+        for _, retry in routed:
+            self.requeue(retry)
+        return actions
+
     def drop_stale(self, traj_id: int, staleness: int) -> tuple[list[Action], Prompt]:
         """Drop a finished, too-stale attempt; returns the retry of its request (not a failure)."""
         a = self.ledger.requeue(traj_id, "stale")

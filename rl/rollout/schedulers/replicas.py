@@ -1,7 +1,9 @@
 """The scheduler's view of the engine replicas: version, status and in-flight set of each.
 
 This is bookkeeping only (what the scheduler has asked for and been told); the driver owns the
-real engines. ``target`` is the version a replica is syncing to.
+real engines and the truth of what each serves (:mod:`sao.rl.rollout.served`), which this record
+follows through the events the driver sends (``SyncDone``, ``ReplicaDied``, ``ReplicaRestarted``).
+``target`` is the version a replica is syncing to.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ UNKNOWN_VERSION = -1
 
 
 @dataclass
-class Replica:
-    """One engine replica as the scheduler sees it."""
+class ReplicaRecord:
+    """One engine replica as the scheduler sees it: ``version`` is the one it was last told the replica
+    serves (``SyncDone``; ``UNKNOWN_VERSION`` once it died)."""
 
     rid: int
     version: int = 0
@@ -37,12 +40,12 @@ class ReplicaPool:
         if n < 1:
             raise ValueError(f"need at least one replica, got {n}")
         self.capacity = capacity
-        self.replicas = [Replica(i, version) for i in range(n)]
+        self.replicas = [ReplicaRecord(i, version) for i in range(n)]
 
-    def __getitem__(self, rid: int) -> Replica:
+    def __getitem__(self, rid: int) -> ReplicaRecord:
         return self.replicas[rid]
 
-    def __iter__(self) -> Iterator[Replica]:
+    def __iter__(self) -> Iterator[ReplicaRecord]:
         return iter(self.replicas)
 
     def __len__(self) -> int:
@@ -52,11 +55,11 @@ class ReplicaPool:
     def in_flight(self) -> int:
         return sum(r.load for r in self.replicas)
 
-    def alive(self) -> list[Replica]:
+    def alive(self) -> list[ReplicaRecord]:
         return [r for r in self.replicas if r.status is not ReplicaStatus.DEAD]
 
-    def assign(self, n: int, eligible: Callable[[Replica], bool] = lambda r: True,
-               order: Callable[[Replica], tuple] = lambda r: ()) -> list[int]:
+    def assign(self, n: int, eligible: Callable[[ReplicaRecord], bool] = lambda r: True,
+               order: Callable[[ReplicaRecord], tuple] = lambda r: ()) -> list[int]:
         """Up to ``n`` replica ids for new trajectories: SERVING, ``eligible``, with a free slot,
         preferring the smallest ``order(replica)`` and then the least loaded (repeats allowed)."""
         heap = [(order(r), r.load, r.rid) for r in self.replicas
@@ -70,7 +73,7 @@ class ReplicaPool:
                 heapq.heappush(heap, (key, load + 1, rid))
         return out
 
-    def free_slots(self, eligible: Callable[[Replica], bool] = lambda r: True) -> int:
+    def free_slots(self, eligible: Callable[[ReplicaRecord], bool] = lambda r: True) -> int:
         return sum(self.capacity - r.load for r in self.replicas
                    if r.status is ReplicaStatus.SERVING and eligible(r))
 

@@ -38,7 +38,6 @@ from sao.rl.rollout.schedulers.core import (
     ConfigError,
     Event,
     LedgerError,
-    Prompt,
     PromptSource,
     ReplicaDied,
     ReplicaRestarted,
@@ -49,69 +48,81 @@ from sao.rl.rollout.schedulers.core import (
     TrainStepDone,
     TrajectoryFinished,
 )
+from sao.rl.rollout.schedulers.dispatch import dispatch
 
 log = logging.getLogger(__name__)
 
 
-def _single_rollout(name: str, config: SchedulerConfig) -> None:
-    if config.group_size != 1:
-        raise ConfigError(f"{name} samples one rollout per prompt (SAO); set group_size=1, "
-                          f"got {config.group_size} (use `pipe` or `sync` for GRPO groups)")
+class _SingleRollout:
+    """What the two streaming modes share: one rollout per prompt, and after every event the trainer
+    takes what it can (``_train``), then new work is admitted (``_admit``)."""
+
+    name = ""
+
+    def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
+                 start_version: int = 0) -> None:
+        if config.group_size != 1:
+            raise ConfigError(f"{self.name} samples one rollout per prompt (SAO); set group_size=1, "
+                              f"got {config.group_size} (use `pipe` or `sync` for GRPO groups)")
+        self.config = config
+        self.book = Book(config, n_replicas, source, start_version)
+
+    def start(self, now: float) -> list[Action]:
+        return self._admit(now)
+
+    def on_event(self, event: Event, now: float) -> list[Action]:
+        return dispatch(event, self, now) + self._train() + self._admit(now)
+
+    def on_replica_restarted(self, event: ReplicaRestarted) -> list[Action]:
+        return self.book.restarted(event.replica)
+
+    def _train(self) -> list[Action]:
+        raise NotImplementedError
+
+    def _admit(self, now: float) -> list[Action]:
+        raise NotImplementedError
 
 
-class AsyncScheduler:
+class AsyncScheduler(_SingleRollout):
     """SAO's continuous single-rollout streaming; weights update under running trajectories."""
 
     name = "async"
 
     def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
                  start_version: int = 0) -> None:
-        _single_rollout(self.name, config)
-        self.config = config
-        self.book = Book(config, n_replicas, source, start_version)
+        super().__init__(config, n_replicas, source, start_version)
         self.waiting: deque[int] = deque()  # finished, in finishing order
         self.masked = 0
 
-    def start(self, now: float) -> list[Action]:
-        return self._admit(now)
+    def on_finished(self, event: TrajectoryFinished, now: float) -> list[Action]:
+        book = self.book
+        if book.finished(event.traj_id) is None:
+            return []
+        if event.failed:
+            return book.lost_requeued(event.traj_id, event.cause or "episode failed")
+        book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
+        self.waiting.append(event.traj_id)
+        return []
 
-    def on_event(self, event: Event, now: float) -> list[Action]:
-        book, out = self.book, []
-        if isinstance(event, TrajectoryFinished):
-            a = book.finished(event.traj_id)
-            if a is not None and event.failed:
-                actions, retry = book.lost(event.traj_id, event.cause or "episode failed")
-                out += actions
-                self._queue(retry)
-            elif a is not None:
-                book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
-                self.waiting.append(event.traj_id)
-        elif isinstance(event, TrainStepDone):
-            book.step_done(event.version)
-            out += [book.sync(r.rid) for r in book.pool if r.status is ReplicaStatus.SERVING]
-        elif isinstance(event, SyncDone):
-            if book.pool.end_sync(event.replica, event.version) and event.version < book.published:
-                out.append(book.sync(event.replica))  # a newer version came out meanwhile
-        elif isinstance(event, ReplicaDied):
-            actions, routed = book.died(event)
-            out += actions
-            for _, retry in routed:
-                self._queue(retry)
-        elif isinstance(event, ReplicaRestarted):
-            out += book.restarted(event.replica)
-        else:
-            raise TypeError(f"{self.name}: unknown event {event!r}")
-        return out + self._train() + self._admit(now)
+    def on_step_done(self, event: TrainStepDone, now: float) -> list[Action]:
+        book = self.book
+        book.step_done(event.version)
+        return [book.sync(r.rid) for r in book.pool if r.status is ReplicaStatus.SERVING]
+
+    def on_sync_done(self, event: SyncDone) -> list[Action]:
+        book = self.book
+        if book.pool.end_sync(event.replica, event.version) and event.version < book.published:
+            return [book.sync(event.replica)]  # a newer version came out meanwhile
+        return []
+
+    def on_replica_died(self, event: ReplicaDied) -> list[Action]:
+        return self.book.died_requeued(event)
 
     def stats(self) -> dict[str, float]:
         return {**self.book.stats(), "staleness/masked": float(self.masked)}
 
     def check(self) -> None:
         self.book.check()
-
-    def _queue(self, retry: Prompt | None) -> None:
-        if retry is not None:
-            self.book.retries.appendleft(retry)
 
     def _train(self) -> list[Action]:
         book, cfg = self.book, self.config
@@ -128,7 +139,7 @@ class AsyncScheduler:
                 if cfg.stale_policy == "drop":
                     actions, retry = book.drop_stale(tid, staleness)
                     out += actions
-                    self._queue(retry)
+                    book.requeue(retry)
                     continue
                 self.masked += 1
             batch.append(tid)
@@ -147,7 +158,7 @@ class AsyncScheduler:
         return [book.start(book.next_prompt(), rid, now) for rid in book.pool.assign(room)]
 
 
-class MultiVersionScheduler:
+class MultiVersionScheduler(_SingleRollout):
     """DORA: several versions serve at once; C1 (one version per trajectory), C2 (no drops) and
     C3 (staleness <= k) hold by construction (module docstring)."""
 
@@ -155,57 +166,44 @@ class MultiVersionScheduler:
 
     def __init__(self, config: SchedulerConfig, n_replicas: int, source: PromptSource | None = None,
                  start_version: int = 0) -> None:
-        _single_rollout(self.name, config)
-        self.config = config
-        self.book = Book(config, n_replicas, source, start_version)
+        super().__init__(config, n_replicas, source, start_version)
         self.waiting: dict[int, int] = {}  # finished traj id -> version, in finishing order
         self.in_flight: Counter[int] = Counter()  # version -> in-flight trajectories
         self.untrained: Counter[int] = Counter()  # version -> in flight or waiting
         self._version_of: dict[int, int] = {}  # in-flight traj id -> version
         self._blocked: set[int] = set()  # steps the trainer had a batch for but waited on a due trajectory
 
-    # ------------------------------------------------------------ Scheduler protocol
+    # ------------------------------------------------------------ events
 
-    def start(self, now: float) -> list[Action]:
-        return self._admit(now)
-
-    def on_event(self, event: Event, now: float) -> list[Action]:
-        book, out = self.book, []
-        if isinstance(event, TrajectoryFinished):
-            a = book.finished(event.traj_id)
-            if a is not None:
-                self._leave(event.traj_id)
-                if event.failed:
-                    self._forget(a.version)
-                    actions, retry = book.lost(event.traj_id, event.cause or "episode failed")
-                    out += actions
-                    self._queue(retry)
-                else:
-                    if any(v != a.version for v in event.versions):
-                        raise LedgerError(f"C1 broken: trajectory {event.traj_id} started on version {a.version} "
-                                          f"but reports versions {sorted(set(event.versions))}")
-                    book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
-                    self.waiting[event.traj_id] = a.version
-                out += self._upkeep(a.replica)
-        elif isinstance(event, TrainStepDone):
-            book.step_done(event.version)
-            for r in book.pool:
-                out += self._upkeep(r.rid)
-        elif isinstance(event, SyncDone):
-            if book.pool.end_sync(event.replica, event.version):
-                out += self._upkeep(event.replica)
-        elif isinstance(event, ReplicaDied):
-            for tid in book.pool[event.replica].in_flight:
-                self._forget(self._leave(tid))
-            actions, routed = book.died(event)
-            out += actions
-            for _, retry in routed:
-                self._queue(retry)
-        elif isinstance(event, ReplicaRestarted):
-            out += book.restarted(event.replica)
+    def on_finished(self, event: TrajectoryFinished, now: float) -> list[Action]:
+        book = self.book
+        a = book.finished(event.traj_id)
+        if a is None:
+            return []
+        self._leave(event.traj_id)
+        out: list[Action] = []
+        if event.failed:
+            self._forget(a.version)
+            out += book.lost_requeued(event.traj_id, event.cause or "episode failed")
         else:
-            raise TypeError(f"{self.name}: unknown event {event!r}")
-        return out + self._train() + self._admit(now)
+            if any(v != a.version for v in event.versions):
+                raise LedgerError(f"C1 broken: trajectory {event.traj_id} started on version {a.version} "
+                                  f"but reports versions {sorted(set(event.versions))}")
+            book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
+            self.waiting[event.traj_id] = a.version
+        return out + self._upkeep(a.replica)
+
+    def on_step_done(self, event: TrainStepDone, now: float) -> list[Action]:
+        self.book.step_done(event.version)
+        return [action for r in self.book.pool for action in self._upkeep(r.rid)]
+
+    def on_sync_done(self, event: SyncDone) -> list[Action]:
+        return self._upkeep(event.replica) if self.book.pool.end_sync(event.replica, event.version) else []
+
+    def on_replica_died(self, event: ReplicaDied) -> list[Action]:
+        for tid in self.book.pool[event.replica].in_flight:
+            self._forget(self._leave(tid))
+        return self.book.died_requeued(event)
 
     def stats(self) -> dict[str, float]:
         versions = {r.version for r in self.book.pool if r.status in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)}
@@ -222,10 +220,6 @@ class MultiVersionScheduler:
             raise LedgerError(f"per-version counts {dict(self.untrained)} disagree with the ledger {dict(c)}")
 
     # ------------------------------------------------------------ internals
-
-    def _queue(self, retry: Prompt | None) -> None:
-        if retry is not None:
-            self.book.retries.appendleft(retry)
 
     def _leave(self, tid: int) -> int:
         """``tid`` is no longer in flight; returns its version."""
