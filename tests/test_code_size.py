@@ -35,8 +35,6 @@ DECLARING = NESTING | {"add_argument", "set_defaults"}
 PENDING = {
     ("rl/learner/learner.py", "Learner"),
     ("rl/training/trainer.py", "Trainer"),
-    ("agents/loop/token_loop.py", "run_episode"),
-    ("agents/loop/text_loop.py", "run_text_episode"),
 }
 
 
