@@ -12,7 +12,7 @@ from typing import Any
 from sao.sandboxes import SandboxClosedError, SandboxError
 
 from ..core import Message
-from ..errors import did_you_mean
+from sao.hints import did_you_mean
 from .images import ResolvedImage
 from .instances import SWEInstance
 from .tools import NO_TOOL_CALL, TOOLS, USER_TEMPLATE, ToolError, Workspace, _arguments
