@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agents.engine import SpeculativeConfig, check_schedule
+from sao.rl.errors import ConfigError
 from sao.rl.learner import LrSchedule
 
 
@@ -399,10 +400,6 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local | ray (scale-out)
 
 
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; the message says what to change."""
-
-
 def engine_urls(base_url: str | None) -> list[str]:
     """The external engines' root URLs in ``engine.base_url`` (comma-separated; ``/v1`` dropped)."""
     return [u.strip().rstrip("/").removesuffix("/v1") for u in (base_url or "").split(",") if u.strip()]
@@ -410,7 +407,7 @@ def engine_urls(base_url: str | None) -> list[str]:
 
 def scheduler_config(cfg: TrainConfig) -> Any:
     """The :class:`sao.rl.rollout.schedulers.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
-    from sao.rl.rollout.schedulers import ConfigError as RolloutConfigError, SchedulerConfig
+    from sao.rl.rollout.schedulers import SchedulerConfig
 
     r = cfg.rollout
     try:
@@ -418,7 +415,7 @@ def scheduler_config(cfg: TrainConfig) -> Any:
                                staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures,
                                micro_groups=r.micro_groups, frontier_first=r.frontier_first,
                                async_outstanding=r.async_outstanding, admit_lag=r.admit_lag, drain_below=r.drain_below)
-    except RolloutConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"rollout: {exc}") from exc
 
 

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from sao.rl.algos.base import Stateless, token_advantages
 from sao.rl.algos.policy_losses import PPOClipLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, Learner, PolicyLoss
 from sao.rl.objectives import grpo_advantages
 

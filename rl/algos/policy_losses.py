@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, PolicyLoss
 from sao.rl.objectives import dis_policy_loss, masked_is_weights, ppo_clip_loss, truncated_is_weights
 

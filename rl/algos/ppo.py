@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from sao.rl.algos.base import Stateless
 from sao.rl.algos.policy_losses import PPOClipLoss, make_loss
 from sao.rl.algos.sao import SAO, SAOConfig
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, Learner, PolicyLoss
 
 

@@ -9,7 +9,8 @@ import torch
 
 from sao.rl.algos.base import token_advantages
 from sao.rl.algos.policy_losses import DISLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, Learner, PolicyLoss
 from sao.rl.objectives import RunningMeanBaseline
 

@@ -15,7 +15,8 @@ from torch import Tensor
 
 from sao.rl.algos.base import Stateless
 from sao.rl.algos.policy_losses import DISLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, Learner, PolicyLoss, explained_variance
 from sao.rl.objectives import adaptive_lambda, gae_action_tokens, token_rewards
 

@@ -37,7 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sao.agents.interrupts import exit_now, interrupt_exit_code, interrupt_name, sigterm_as_interrupt
 from sao.rl.cli import env_group
-from sao.rl.config import ConfigError, TrainConfig, resolve_defaults
+from sao.rl.config import TrainConfig, resolve_defaults
+from sao.rl.errors import CheckpointError, ConfigError, TrainError
 
 log = logging.getLogger("sao.train")
 
@@ -84,8 +85,6 @@ def _main(cfg: DictConfig) -> float | None:
     _composed = True
     from sao.agents.engine.watch import EngineRestartsExhausted
     from sao.rl.training.build import run_training
-    from sao.rl.training.checkpoint import CheckpointError
-    from sao.rl.training.trainer import TrainError
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -131,7 +130,7 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _last_checkpoint(run_dir: Path) -> str:
-    from sao.rl.training.checkpoint import Checkpointer, CheckpointError
+    from sao.rl.training.checkpoint import Checkpointer
     from sao.rl.training.trainer import RunFiles
 
     try:

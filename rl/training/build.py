@@ -28,7 +28,6 @@ from sao.agents.models import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
 from sao.rl.config import (
-    ConfigError,
     TrainConfig,
     activation_checkpointing,
     engine_urls,
@@ -36,6 +35,7 @@ from sao.rl.config import (
     scheduler_config,
     validate,
 )
+from sao.rl.errors import ConfigError
 from sao.rl.learner import (
     Learner, LearnerConfig, TorchThread, ValueModel, configure_allocator, pin_caller, resolve_bf16,
 )

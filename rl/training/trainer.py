@@ -38,6 +38,7 @@ from sao.agents.store import TrajectoryWriter
 from sao.rl.algos import Algorithm
 from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.config import TrainConfig
+from sao.rl.errors import TrainError
 from sao.rl.learner import Batch, Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
 from sao.rl.training.engine_step import StepEngineMetrics
@@ -54,10 +55,6 @@ from sao.rl.rollout import (
 from sao.rl.learner import TorchThread, failure
 
 log = logging.getLogger(__name__)
-
-
-class TrainError(RuntimeError):
-    """The run cannot go on (every trajectory of a batch failed, a run folder in the way, ...)."""
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:

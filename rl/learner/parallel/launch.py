@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sao.rl.config import ConfigError, TrainConfig
+from sao.rl.config import TrainConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner.learner import Learner
 from sao.rl.learner.parallel.data_parallel import DataParallel
 from sao.rl.learner.parallel.ranks import Channel, LeaderAlgorithm, exit_with_parent, follow
