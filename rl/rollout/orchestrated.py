@@ -41,7 +41,9 @@ from sao.rl.prompts import OpenPrompts, PromptRef, ref_from_dict, ref_to_dict
 from sao.rl.rollout.driver_loop import DriverLoop, RunEpisode
 from sao.rl.rollout.off_schedule import OffSchedule
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaControl
-from sao.rl.rollout.schedulers import UNKNOWN_VERSION, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
+from sao.rl.rollout.schedulers import (
+    UNKNOWN_VERSION, ClosedCounts, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler,
+)
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta
 from sao.rl.rollout.versioned_client import turn_versions
 from sao.rl.weights import load_weights, version_dir
@@ -170,7 +172,7 @@ class OrchestratedRollout:
     def state_dict(self) -> dict[str, Any]:
         """The task cursor and the prompts admitted but not yet taken by the learner (module doc)."""
         return {"tasks": self.tasks.state_dict(), "open": [ref_to_dict(r) for r in self._prompts.open()],
-                "counts": self._driver.closed_counts(), "lengths": self._driver.lengths.state_dict()}
+                "counts": self._driver.closed_counts().to_json(), "lengths": self._driver.lengths.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._loop_task is not None:
@@ -178,7 +180,7 @@ class OrchestratedRollout:
         self.tasks.load_state_dict(state["tasks"])
         self._prompts.refs.clear()
         self._prompts.replay = deque(ref_from_dict(d) for d in state.get("open", []))
-        self._driver.carried = {k: float(v) for k, v in state.get("counts", {}).items()}  # the run's counts go on
+        self._driver.carried = ClosedCounts.from_json(state.get("counts", {}))  # the run's counts go on
         self._driver.lengths.load_state_dict(state.get("lengths", {}))
         if self._prompts.replay:
             log.info("re-admitting %d prompt(s) that were in flight or untrained at the checkpoint",
