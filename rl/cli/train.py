@@ -136,7 +136,7 @@ def _disk_full(exc: BaseException) -> bool:
 
 def _last_checkpoint(run_dir: Path) -> str:
     from sao.rl.training.checkpoint import Checkpointer
-    from sao.rl.training.trainer import RunFiles
+    from sao.rl.training.run_folder import RunFiles
 
     try:
         latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()

@@ -44,7 +44,8 @@ from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
 from sao.rl.training.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
-from sao.rl.training.trainer import RunFiles, Trainer, refuse_to_overwrite
+from sao.rl.training.run_folder import RunFiles, refuse_to_overwrite
+from sao.rl.training.trainer import Trainer
 from sao.rl.weights import ReplicaWeightSync, WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 
 log = logging.getLogger(__name__)
