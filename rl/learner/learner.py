@@ -184,7 +184,8 @@ def _optimizers(cfg: LearnerConfig, policy: nn.Module, value_model: ValueModel |
     if cfg.freeze_value_attention:
         value_model.freeze_attention()
     # frozen parameters never get a .grad, so AdamW skips them (no update, no weight decay)
-    value_optimizer = value_optimizer or adamw(value_model.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+    value_optimizer = value_optimizer or adamw(value_model.parameters(), lr=cfg.critic_lr,
+                                               weight_decay=cfg.weight_decay)
     warmup = cfg.value_warmup_steps
     value_scheduler = torch.optim.lr_scheduler.LambdaLR(
         value_optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
