@@ -4,7 +4,8 @@ Packages: the RL math (:mod:`.objectives`), the algorithms (:mod:`.algos`), the 
 (:mod:`.learner`), a training run (:mod:`.training`), the prompts it sees (:mod:`.prompts`), rollout on
 real engines (:mod:`.rollout`) with its pure schedulers and simulator (:mod:`.rollout.schedulers`,
 :mod:`.rollout.sim`), weights to the engines (:mod:`.weights`), Ray (:mod:`.cluster`) and the entry
-points (:mod:`.cli`); the typed configuration is :mod:`.config`. docs/architecture.md maps them.
+points (:mod:`.cli`); the typed configuration is :mod:`.config`, rl/'s errors :mod:`.errors`.
+docs/architecture.md maps them.
 
 Names are imported on first use (``lazy_loader.attach``, PEP 562), so that the schedulers and the
 simulator (pure Python) and light entry points do not pay for torch.
@@ -26,6 +27,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submod_attrs={
         "algos": ["ALGORITHMS", "make_algorithm"],
         "config": ["TrainConfig"],
+        "errors": ["CheckpointError", "ConfigError", "LedgerError", "ReportError", "RolloutError", "RolloutFailing",
+                   "ScheduleError", "SimError", "TrainError"],
         "learner.batch": ["Batch", "collate", "micro_batches"],
         "learner.learner": ["Learner", "LearnerConfig", "token_logprobs"],
         "learner.value_model": ["ValueModel"],

@@ -8,22 +8,30 @@ only these typed objects travel; no ``DictConfig`` is passed around.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from omegaconf import MISSING
 
 from sao.agents.engine import SpeculativeConfig, check_schedule
 from sao.hints import did_you_mean
+from sao.rl.errors import ConfigError
 from sao.rl.learner import LrSchedule
+
+
+LOSSES = ("dis", "ppo")  # algo.loss: the policy losses (sao.rl.algos.policy_losses.LOSSES builds them)
 
 
 @dataclass
 class AlgoConfig:
-    """Which update rule, and its knobs. ``name`` picks the class in :data:`sao.rl.algos.ALGORITHMS`;
-    each class reads only the fields it needs (the yaml of each ``algo`` option sets them)."""
+    """What every algorithm takes: its ``name`` (the ``algo=`` option), samples per prompt, the policy loss
+    and its knobs, and how the loss is aggregated. Each algorithm has its own config below, which
+    adds its knobs (:data:`ALGO_CONFIGS`); ``algo=NAME`` composes that one (``conf/algo/NAME.yaml`` over
+    the schema ``schema/algo/NAME``), so an option the algorithm does not have fails at once."""
 
-    name: str = "sao"
+    name: str = MISSING
     group_size: int = 1  # samples per prompt: 1 for single-rollout methods, G for GRPO
-    loss: str = "dis"  # dis | ppo (the policy loss; see sao.rl.algos.LOSSES)
+    loss: str = "dis"  # dis | ppo (the policy loss; see sao.rl.algos.policy_losses.LOSSES)
     # DIS band (1 - eps_low, 1 + eps_high) or PPO clip range; None: by the environment's domain for DIS
     # (DIS_BANDS: math 0.3 / 5.0, coding 0.8 / 3.0) and 0.2 / 0.28 for PPO (resolve_defaults)
     eps_low: float | None = None
@@ -33,16 +41,127 @@ class AlgoConfig:
     is_cap: float = 2.0  # tis: min(pi_old / pi_rollout, is_cap)
     icepop_low: float = 0.5  # icepop: weight 0 outside [icepop_low, icepop_high]
     icepop_high: float = 2.0
-    scale_by_std: bool = True  # GRPO: divide by the group std; False: Dr.GRPO
-    lam: float | None = None  # fixed GAE lambda for the policy (ppo); None: length-adaptive (sao)
-    alpha: float = 1.5  # lambda = 1 - 1 / (alpha * action_tokens)
-    gamma: float = 1.0
-    ttur_k: int = 2  # value steps per policy step
-    baseline_window: int = 8  # reinforce_mean's running-mean window
-    value_clip: float | None = 0.2
-    freeze_value_attention: bool = True
     agg: str = "token-mean"  # token-mean | seq-mean-token-mean | token-sum-norm
     agg_normalizer: float | None = None  # token-sum-norm's constant (e.g. the max generation length)
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ConfigError(f"algo.loss must be 'dis' or 'ppo', got {self.loss!r}")
+
+    def learner_options(self) -> dict[str, Any]:
+        """The :class:`~sao.rl.learner.learner.LearnerConfig` fields this config sets."""
+        return {"agg": self.agg, "agg_normalizer": self.agg_normalizer}
+
+
+@dataclass
+class CriticAlgoConfig(AlgoConfig):
+    """An algorithm with a value model: its discount, its steps per policy step and how it trains."""
+
+    gamma: float = 1.0
+    ttur_k: int = 2  # value steps per policy step (two-timescale update)
+    value_clip: float | None = 0.2
+    freeze_value_attention: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ttur_k < 1:
+            raise ConfigError(f"algo.ttur_k must be >= 1, got {self.ttur_k}")
+
+    def learner_options(self) -> dict[str, Any]:
+        return super().learner_options() | {"value_clip": self.value_clip,
+                                            "freeze_value_attention": self.freeze_value_attention}
+
+
+@dataclass
+class SAOConfig(CriticAlgoConfig):
+    """SAO (METHOD.md 1): one rollout per prompt, a value model, length-adaptive GAE, DIS."""
+
+    name: str = "sao"
+    lam: float | None = None  # None: lambda_policy = 1 - 1 / (alpha * action_tokens); a float: fixed
+    alpha: float = 1.5
+
+
+@dataclass
+class PPOConfig(CriticAlgoConfig):
+    """PPO with a value model and a fixed lambda (the VAPO-like ablation), PPO's clip."""
+
+    name: str = "ppo"
+    loss: str = "ppo"
+    lam: float | None = 0.95  # the policy's fixed GAE lambda
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lam is None:
+            raise ConfigError("algo=ppo needs a fixed algo.lam (e.g. 0.95)")
+
+
+@dataclass
+class GRPOConfig(AlgoConfig):
+    """GRPO: G samples per prompt, group-relative advantages, PPO's clip."""
+
+    name: str = "grpo"
+    group_size: int = 4
+    loss: str = "ppo"
+    scale_by_std: bool = True  # divide by the group std; False: Dr.GRPO
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size < 2:
+            raise ConfigError(f"GRPO needs algo.group_size >= 2 (samples per prompt), got {self.group_size}")
+
+
+@dataclass
+class GRPODISConfig(GRPOConfig):
+    """GRPO's group advantages with SAO's DIS mask instead of PPO's clip."""
+
+    name: str = "grpo_dis"
+    loss: str = "dis"
+
+
+@dataclass
+class ReinforceMeanConfig(AlgoConfig):
+    """One rollout per prompt, a running-mean baseline, DIS."""
+
+    name: str = "reinforce_mean"
+    baseline_window: int = 8  # rewards in the running mean
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.group_size != 1:
+            raise ConfigError(f"reinforce_mean samples one rollout per prompt; set algo.group_size=1, "
+                              f"not {self.group_size}")
+
+
+ALGO_CONFIGS: dict[str, type[AlgoConfig]] = {
+    "sao": SAOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "grpo_dis": GRPODISConfig,
+    "reinforce_mean": ReinforceMeanConfig,
+}
+"""Each ``algo=`` option's config; :data:`sao.rl.algos.ALGORITHMS` holds their classes under the same names."""
+
+
+def algo_options(name: str) -> list[str]:
+    """The options ``algo=name`` takes (``algo.<option>=...``). :class:`ConfigError` for an unknown name."""
+    cls = ALGO_CONFIGS.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown algo {name!r} (known: {', '.join(ALGO_CONFIGS)})."
+                          f"{did_you_mean(name, list(ALGO_CONFIGS))}")
+    return [f.name for f in fields(cls)]
+
+
+def algo_config(name: str, **options: Any) -> AlgoConfig:
+    """``algo=name``'s config with ``options`` set. An option the algorithm does not have is a
+    :class:`ConfigError` that names the ones it has."""
+    known = algo_options(name)
+    for key in options:
+        if key not in known:
+            raise ConfigError(unknown_option(name, key, known))
+    return ALGO_CONFIGS[name](**options)
+
+
+def unknown_option(name: str, key: str, known: list[str]) -> str:
+    """The message for ``algo.<key>`` that ``algo=name`` does not have."""
+    return (f"algo={name} has no option {key!r} (its options: {', '.join(k for k in known if k != 'name')})."
+            f"{did_you_mean(key, known)}")
 
 
 @dataclass
@@ -385,7 +504,8 @@ class TrainConfig:
     checkpoint_every: int = 5  # steps between resumable checkpoints (the last step is always saved)
     keep_checkpoints: int = 2
     device: str = "auto"  # auto: cuda when present, else cpu
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    # the algorithm's own config (ALGO_CONFIGS); the Hydra schema holds the base, which algo=NAME makes NAME's
+    algo: AlgoConfig = field(default_factory=SAOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     learner: LearnerRanksConfig = field(default_factory=LearnerRanksConfig)  # data-parallel ranks
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -398,10 +518,6 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local | ray (scale-out)
 
 
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; the message says what to change."""
-
-
 def engine_urls(base_url: str | None) -> list[str]:
     """The external engines' root URLs in ``engine.base_url`` (comma-separated; ``/v1`` dropped)."""
     return [u.strip().rstrip("/").removesuffix("/v1") for u in (base_url or "").split(",") if u.strip()]
@@ -409,7 +525,7 @@ def engine_urls(base_url: str | None) -> list[str]:
 
 def scheduler_config(cfg: TrainConfig) -> Any:
     """The :class:`sao.rl.rollout.schedulers.SchedulerConfig` of a scheduled rollout mode (its checks raise here)."""
-    from sao.rl.rollout.schedulers import ConfigError as RolloutConfigError, SchedulerConfig
+    from sao.rl.rollout.schedulers import SchedulerConfig
 
     r = cfg.rollout
     try:
@@ -417,7 +533,7 @@ def scheduler_config(cfg: TrainConfig) -> Any:
                                staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures,
                                micro_groups=r.micro_groups, frontier_first=r.frontier_first,
                                async_outstanding=r.async_outstanding, admit_lag=r.admit_lag, drain_below=r.drain_below)
-    except RolloutConfigError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"rollout: {exc}") from exc
 
 
@@ -447,7 +563,7 @@ def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
         cfg.env.max_concurrent = container_slots()
     if cfg.engine.token_route is None:
         cfg.engine.token_route = cfg.rollout.mode != "sync" and not cfg.engine.base_url
-    low, high = DIS_BANDS[cfg.env.domain] if cfg.algo.loss == "dis" else PPO_CLIP
+    low, high = {"dis": DIS_BANDS[cfg.env.domain], "ppo": PPO_CLIP}[cfg.algo.loss]
     cfg.algo.eps_low = low if cfg.algo.eps_low is None else cfg.algo.eps_low
     cfg.algo.eps_high = high if cfg.algo.eps_high is None else cfg.algo.eps_high
     return cfg

@@ -758,6 +758,8 @@ TABLE: list[BadInput] = [
              Exits(r"Value 'many' of type 'str' could not be converted to Integer", one_line=False)),
     BadInput("train-override-unknown-option", sao_train("algo=grpoo"),
              Exits(r"Could not find 'algo/grpoo'", one_line=False)),
+    BadInput("train-override-option-of-another-algo", sao_train("algo=grpo", "algo.ttur_k=3"),
+             Exits(r"error: algo=grpo has no option 'ttur_k' \(its options: group_size, loss, .*scale_by_std\)")),
     BadInput("train-override-unknown-env", sao_train("env=arithmetc"),
              Exits(r"error: env=arithmetc: unknown environment 'arithmetc'\. Did you mean 'arithmetic'\?")),
     BadInput("train-override-invalid-value", train_config("batch_size=6", "algo=grpo", "algo.group_size=4"),

@@ -95,6 +95,7 @@ def _leader_or_follower(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     from sao.rl.learner.parallel.data_parallel import DataParallel
+    from sao.rl.learner.parallel.messages import Stop
     from sao.rl.learner.parallel.ranks import Channel, LeaderAlgorithm, follow
 
     torch.set_num_threads(1)
@@ -119,7 +120,7 @@ def _leader_or_follower(rank: int, init_file: str, out_dir: str) -> None:
                     p.mul_(0.5)
             leader.load_state_dict({})
             leader.update(learner, batch)
-            channel.send("stop")
+            channel.send(Stop())
         else:
             assert follow(learner, SAO(), channel) == 4
         torch.save({"state": state_of(learner), "lr": learner.policy_optimizer.param_groups[0]["lr"]},
@@ -139,3 +140,83 @@ def test_followers_run_the_leaders_calls_and_take_its_state_at_start_and_on_resu
     torch.manual_seed(101)
     own = ValueModel.from_policy(tiny_llama(seed=0)).state_dict()["head.weight"]
     assert not torch.equal(follower["state"]["value.head.weight"], own)
+
+
+# ---- the messages, as typed records (sao.rl.learner.parallel.messages), dispatched without ranks ------------------
+
+class _RecordingAlgo:
+    """Records the learner calls made on it; ``update`` and ``finish`` return metrics as the real ones do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.state: dict | None = None
+
+    def update(self, learner, batch):
+        self.calls.append(("update", batch))
+        return {"loss/policy": 1.0}
+
+    def pretrain_critic(self, learner, batch):
+        self.calls.append(("pretrain_critic", batch))
+        return {"loss/value": 2.0}
+
+    def begin(self, learner):
+        self.calls.append(("begin", None))
+
+    def accumulate(self, learner, batch):
+        self.calls.append(("accumulate", batch))
+
+    def finish(self, learner):
+        self.calls.append(("finish", None))
+        return {"loss/policy": 3.0}
+
+
+class _ScriptedChannel:
+    """A channel without ranks: ``recv`` hands out ``script``; ``send`` records."""
+
+    rank = 1
+
+    def __init__(self, script=()) -> None:
+        self.script, self.sent = list(script), []
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+    def recv(self):
+        return self.script.pop(0)
+
+
+def test_a_follower_runs_each_call_record_on_its_algorithm_until_stop() -> None:
+    from sao.rl.learner.parallel.messages import Accumulate, Begin, Finish, PretrainCritic, Stop, Update
+    from sao.rl.learner.parallel.ranks import follow
+
+    algo = _RecordingAlgo()
+    script = [PretrainCritic("b0"), Update("b1"), Begin(), Accumulate("p1"), Accumulate("p2"), Finish(), Stop(),
+              Update("never")]
+    assert follow(learner=None, algo=algo, channel=_ScriptedChannel(script)) == 6
+    assert algo.calls == [("pretrain_critic", "b0"), ("update", "b1"), ("begin", None), ("accumulate", "p1"),
+                          ("accumulate", "p2"), ("finish", None)]
+
+
+def test_the_leader_sends_the_record_then_runs_the_same_call() -> None:
+    from sao.rl.learner.parallel.messages import Accumulate, Begin, Finish, Update
+    from sao.rl.learner.parallel.ranks import LeaderAlgorithm
+
+    algo, channel = _RecordingAlgo(), _ScriptedChannel()
+    algo.uses_critic = False
+    leader = LeaderAlgorithm(algo, channel, learner=None)
+    assert leader.update(None, "b1") == {"loss/policy": 1.0}
+    leader.begin(None)
+    leader.accumulate(None, "p1")
+    assert leader.finish(None) == {"loss/policy": 3.0}
+    assert channel.sent == [Update("b1"), Begin(), Accumulate("p1"), Finish()]
+    assert [name for name, _ in algo.calls] == ["update", "begin", "accumulate", "finish"]
+
+
+def test_an_unknown_message_is_an_error_not_a_method_name() -> None:
+    from sao.rl.learner.parallel.ranks import Channel, follow
+
+    with pytest.raises(RuntimeError, match="rank 1: unknown message from rank 0: tuple"):
+        follow(learner=None, algo=_RecordingAlgo(), channel=_ScriptedChannel([("call", "update", ("b",))]))
+    channel = Channel.__new__(Channel)  # no process group: send refuses before it broadcasts
+    with pytest.raises(TypeError, match="not a message record: str .*known: Update, PretrainCritic"):
+        channel.send("stop")

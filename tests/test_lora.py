@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from sao.agents.records import Trajectory
 from sao.rl.algos import make_algorithm
-from sao.rl.config import AlgoConfig, ConfigError, LoraConfig, ModelConfig, TrainConfig, validate
+from sao.rl.config import ConfigError, LoraConfig, ModelConfig, ReinforceMeanConfig, SAOConfig, TrainConfig, validate
 from sao.rl.learner.batch import collate
 from sao.rl.learner.learner import Learner, LearnerConfig, token_logprobs
 from sao.rl.learner.lora import merged_state_dict, unwrap, wrap_policy, wrap_value
@@ -151,7 +151,7 @@ def test_only_the_policy_adapters_train_and_the_optimizer_holds_state_for_them_o
     assert adapted == set(LORA.target_modules)
     learner = Learner(policy, LearnerConfig(lr=1e-2))
     frozen_before = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
-    make_algorithm(AlgoConfig(name="reinforce_mean")).update(learner, on_policy(batch(), policy))
+    make_algorithm(ReinforceMeanConfig()).update(learner, on_policy(batch(), policy))
     state = learner.policy_optimizer.state
     assert len(state) == len(names)  # AdamW state (exp_avg, exp_avg_sq) for the adapters only
     assert {id(p) for p in state} == {id(p) for p in policy.parameters() if p.requires_grad}
@@ -201,7 +201,7 @@ def test_lora_critic_trains_mlp_adapters_norms_and_head_only() -> None:
     assert not any("lora_" in a for a in attention)
     learner = Learner(policy, LearnerConfig(lr=1e-3), value_model=value)  # freezes attention: already frozen
     assert trainable(value) == names
-    make_algorithm(AlgoConfig(name="sao")).update(learner, on_policy(batch(), policy))
+    make_algorithm(SAOConfig()).update(learner, on_policy(batch(), policy))
     assert len(learner.value_optimizer.state) == len(names)
 
 
@@ -224,7 +224,7 @@ def lora_learner(seed: int) -> Learner:
 
 
 def step(learner: Learner, b) -> None:
-    make_algorithm(AlgoConfig(name="sao")).update(learner, b)  # critic steps, then one policy step
+    make_algorithm(SAOConfig()).update(learner, b)  # critic steps, then one policy step
 
 
 def test_checkpoint_round_trip_restores_adapters_and_optimizer_state_exactly(tmp_path: Path) -> None:

@@ -306,9 +306,9 @@ def test_bad_config_fails_with_a_clear_message():
 
 
 # pure modules outside the package that it may use: the request routers, shared with sao-eval's routing client,
-# and the leaf of error-message hints (sao.hints: the standard library only)
+# and the leaf of error-message hints (sao.hints: the standard library only) and rl/'s errors
 LEAVES = ("sao.hints",)
-ROLLOUT_MAY_IMPORT = ("sao.agents.routing", "sao.agents.routing.routers", *LEAVES)
+ROLLOUT_MAY_IMPORT = ("sao.agents.routing", "sao.agents.routing.routers", "sao.rl.errors", *LEAVES)
 PURE_PACKAGES = ("sao.rl.rollout.schedulers", "sao.rl.rollout.sim")
 
 
@@ -326,7 +326,8 @@ def test_rollout_package_does_not_import_torch():
     and sao.rl.rollout.sim; the routers they share with the real paths import nothing of sao and no torch either."""
     agents = ROLLOUT_DIR.parents[1] / "agents"
     shared = [agents / "routing" / "routers.py", agents / "errors.py",
-              agents / "__init__.py", agents / "routing" / "__init__.py", agents.parent / "hints" / "__init__.py"]
+              agents / "__init__.py", agents / "routing" / "__init__.py", agents.parent / "hints" / "__init__.py",
+              ROLLOUT_DIR.parent / "errors.py"]
     for path in [*pure_rollout_files(), *shared]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \

@@ -27,6 +27,7 @@ from sao.rl.training.build import learner_config
 from sao.rl.config import (
     AlgoConfig,
     ConfigError,
+    algo_config,
     LoggerConfig,
     TrainConfig,
     scheduler_config,
@@ -200,11 +201,11 @@ def test_bad_configs_fail_with_a_message() -> None:
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         make_algorithm(AlgoConfig(name="grpp"))
     with pytest.raises(ConfigError, match="group_size >= 2"):
-        GRPO.from_config(AlgoConfig(name="grpo", group_size=1, loss="ppo"))
+        GRPO.from_config(algo_config("grpo", group_size=1, loss="ppo"))
     with pytest.raises(ConfigError, match="group_size=1"):
-        ReinforceMean.from_config(AlgoConfig(name="reinforce_mean", group_size=4))
+        ReinforceMean.from_config(algo_config("reinforce_mean", group_size=4))
     with pytest.raises(ConfigError, match="multiple of algo.group_size"):
-        validate(TrainConfig(batch_size=6, algo=AlgoConfig(name="grpo", group_size=4)))
+        validate(TrainConfig(batch_size=6, algo=algo_config("grpo", group_size=4)))
     with pytest.raises(ConfigError, match="did you mean 'async'"):
         validate(TrainConfig(rollout=replace(TrainConfig().rollout, mode="asynk")))
     with pytest.raises(ConfigError, match="rollout: async_outstanding must be >= 1 batch"):
@@ -254,10 +255,10 @@ def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
 
 
 def test_reinforce_mean_baseline_round_trips_through_state() -> None:
-    algo = ReinforceMean.from_config(AlgoConfig(name="reinforce_mean", baseline_window=8))
+    algo = ReinforceMean.from_config(algo_config("reinforce_mean", baseline_window=8))
     for r in (1.0, 0.0, 1.0):
         algo.baseline.update(r)
-    copy = ReinforceMean.from_config(AlgoConfig(name="reinforce_mean"))
+    copy = ReinforceMean.from_config(algo_config("reinforce_mean"))
     copy.load_state_dict(json.loads(json.dumps(algo.state_dict())))  # through JSON, as the checkpoint stores it
     assert copy.baseline.baseline() == pytest.approx(2 / 3)
 

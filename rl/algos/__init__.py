@@ -14,29 +14,30 @@ They differ in exactly two places, which is what the ablations of METHOD.md 1 co
 ``reinforce_mean`` 1/prompt    R - running mean of the last 8 rewards              DIS
 =================  ==========  ==================================================  =========
 
-Each class has its own small typed config (:class:`SAOConfig`, :class:`PPOConfig`,
-:class:`GRPOConfig`, :class:`ReinforceMeanConfig`), built from the Hydra-level
-:class:`~sao.rl.config.AlgoConfig` by ``from_algo`` (which also checks it); ``Class.from_config``
-builds the algorithm from an ``AlgoConfig`` and :func:`make_algorithm` picks the class by name.
-The policy losses (:class:`DISLoss`, :class:`PPOClipLoss`, :func:`make_loss`) are in ``losses``.
+Each ``algo=`` option has its own typed config (:class:`SAOConfig`, :class:`PPOConfig`, :class:`GRPOConfig`,
+:class:`GRPODISConfig`, :class:`ReinforceMeanConfig`; defined in :mod:`sao.rl.config`, the schema behind
+``conf/algo/``, which checks it); ``Class.from_config`` builds the algorithm from its own config and
+:func:`make_algorithm` picks the class by name. The policy losses (:class:`DISLoss`, :class:`PPOClipLoss`,
+:func:`make_loss`) are in ``policy_losses``.
 """
 
 from __future__ import annotations
 
 from sao.hints import did_you_mean
 from sao.rl.algos.base import Algorithm, CriticAlgorithm, token_advantages
-from sao.rl.algos.grpo import GRPO, GRPOConfig
+from sao.rl.algos.grpo import GRPO, GRPOConfig, GRPODISConfig
 from sao.rl.algos.policy_losses import DISLoss, PPOClipLoss, make_loss
 from sao.rl.algos.ppo import PPO, PPOConfig
 from sao.rl.algos.reinforce_mean import ReinforceMean, ReinforceMeanConfig
 from sao.rl.algos.sao import SAO, SAOConfig
 from sao.rl.config import AlgoConfig, ConfigError
 
-__all__ = ["ALGORITHMS", "Algorithm", "CriticAlgorithm", "DISLoss", "GRPO", "GRPOConfig", "PPO", "PPOClipLoss",
-           "PPOConfig", "ReinforceMean", "ReinforceMeanConfig", "SAO", "SAOConfig", "make_algorithm", "make_loss",
-           "token_advantages"]
+__all__ = ["ALGORITHMS", "Algorithm", "CriticAlgorithm", "DISLoss", "GRPO", "GRPOConfig", "GRPODISConfig", "PPO",
+           "PPOClipLoss", "PPOConfig", "ReinforceMean", "ReinforceMeanConfig", "SAO", "SAOConfig", "make_algorithm",
+           "make_loss", "token_advantages"]
 
 ALGORITHMS: dict[str, type] = {"sao": SAO, "ppo": PPO, "grpo": GRPO, "grpo_dis": GRPO, "reinforce_mean": ReinforceMean}
+"""Each ``algo=`` option's class; its config is ``sao.rl.config.ALGO_CONFIGS`` under the same name."""
 
 
 def make_algorithm(cfg: AlgoConfig) -> Algorithm:

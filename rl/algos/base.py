@@ -1,13 +1,18 @@
 """What every algorithm shares: the :class:`Algorithm` seam the trainer calls, the seam of the
-algorithms with a critic, and the broadcast of a per-trajectory advantage to its action tokens."""
+algorithms with a critic, the broadcast of a per-trajectory advantage to its action tokens, and the
+check that an algorithm is given its own config."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from torch import Tensor
 
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, Learner
+
+C = TypeVar("C", bound=AlgoConfig)
 
 
 class Algorithm(Protocol):
@@ -35,6 +40,15 @@ class CriticAlgorithm(Algorithm, Protocol):
 def token_advantages(batch: Batch, per_row: Tensor) -> Tensor:
     """A per-trajectory advantage [B] broadcast to its action tokens [B, T] (0 elsewhere)."""
     return per_row.to(batch.action_mask.device)[:, None] * batch.action_mask.float()
+
+
+def own_config(cfg: AlgoConfig, expected: type[C]) -> C:
+    """``cfg`` when it is ``expected`` (an algorithm's own config, :data:`sao.rl.config.ALGO_CONFIGS`);
+    a :class:`ConfigError` otherwise (e.g. ``algo.name`` changed under another algorithm's config)."""
+    if not isinstance(cfg, expected):
+        raise ConfigError(f"algo {cfg.name!r} takes a {expected.__name__}, got a {type(cfg).__name__}; "
+                          f"choose the algorithm with algo={cfg.name} (sao.rl.config.algo_config in code)")
+    return cfg
 
 
 class Stateless:

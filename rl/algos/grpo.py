@@ -3,48 +3,38 @@ clip (``algo=grpo``) or SAO's DIS (``algo=grpo_dis``); Dr.GRPO drops the std."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
-from sao.rl.algos.base import Stateless, token_advantages
-from sao.rl.algos.policy_losses import PPOClipLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Batch, Learner, PolicyLoss
+from sao.rl.algos.base import Stateless, own_config, token_advantages
+from sao.rl.algos.policy_losses import make_loss
+from sao.rl.config import AlgoConfig, GRPOConfig, GRPODISConfig
+from sao.rl.learner import Batch, Learner
 from sao.rl.objectives import grpo_advantages
 
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    loss: PolicyLoss = field(default_factory=PPOClipLoss)
-    scale_by_std: bool = True  # False: Dr.GRPO
-
-    @classmethod
-    def from_algo(cls, cfg: AlgoConfig) -> GRPOConfig:
-        if cfg.group_size < 2:
-            raise ConfigError(f"GRPO needs algo.group_size >= 2 (samples per prompt), got {cfg.group_size}")
-        return cls(loss=make_loss(cfg), scale_by_std=cfg.scale_by_std)
+__all__ = ["GRPO", "GRPOConfig", "GRPODISConfig"]
 
 
 class GRPO(Stateless):
     """Group-relative advantages over G samples per prompt, with PPO's clip (``algo=grpo``) or DIS
-    (``algo=grpo_dis``, chosen by ``algo.loss``). The groups are ``batch.group_ids`` (collate sets them)."""
+    (``algo=grpo_dis``, chosen by ``algo.loss``; :class:`~sao.rl.config.GRPODISConfig`). The groups are
+    ``batch.group_ids`` (collate sets them)."""
 
     uses_critic = False
     streams = True  # complete groups carry their own baseline: the step can be taken part by part
 
     def __init__(self, cfg: GRPOConfig | None = None):
         self.config = cfg or GRPOConfig()
+        self.loss = make_loss(self.config)
         self._rows: list[Tensor] = []  # per-row advantages of the parts of the step in progress
 
     @classmethod
     def from_config(cls, cfg: AlgoConfig) -> GRPO:
-        return cls(GRPOConfig.from_algo(cfg))
+        return cls(own_config(cfg, GRPOConfig))
 
     def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
         per_row = self._advantages(batch)
-        metrics = learner.policy_step(batch, token_advantages(batch, per_row), self.config.loss)
+        metrics = learner.policy_step(batch, token_advantages(batch, per_row), self.loss)
         return metrics | self._adv_metrics(per_row)
 
     # RolloutPipe's complete-group pipelining: micro-batches of whole groups as they complete.
@@ -54,7 +44,7 @@ class GRPO(Stateless):
 
     def accumulate(self, learner: Learner, batch: Batch) -> None:
         per_row = self._advantages(batch)
-        learner.accumulate_policy(batch, token_advantages(batch, per_row), self.config.loss)
+        learner.accumulate_policy(batch, token_advantages(batch, per_row), self.loss)
         self._rows.append(per_row)
 
     def finish(self, learner: Learner) -> dict[str, float]:

@@ -10,11 +10,13 @@ or masked (IcePop) importance sampling; DIS instead uses the rollout log-probs d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
 
-from sao.rl.config import AlgoConfig, ConfigError
+from sao.rl.config import AlgoConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner import Batch, PolicyLoss
 from sao.rl.objectives import dis_policy_loss, masked_is_weights, ppo_clip_loss, truncated_is_weights
 
@@ -66,16 +68,27 @@ class PPOClipLoss:
         return loss, metrics
 
 
+def _dis(cfg: AlgoConfig) -> PolicyLoss:
+    return DISLoss(*_band(cfg, DISLoss.eps_low, DISLoss.eps_high))
+
+
+def _ppo(cfg: AlgoConfig) -> PolicyLoss:
+    return PPOClipLoss(*_band(cfg, PPOClipLoss.eps_low, PPOClipLoss.eps_high), cfg.dual_clip_c, cfg.is_correction,
+                       cfg.is_cap, cfg.icepop_low, cfg.icepop_high)
+
+
+LOSSES: dict[str, Callable[[AlgoConfig], PolicyLoss]] = {"dis": _dis, "ppo": _ppo}
+"""``algo.loss``: each policy loss built from an algorithm's config (the names: ``sao.rl.config.LOSSES``)."""
+
+
 def make_loss(cfg: AlgoConfig) -> PolicyLoss:
-    """The policy loss ``cfg.loss`` names (``dis`` or ``ppo``) with ``cfg``'s knobs. A band left None
+    """The policy loss ``cfg.loss`` names (:data:`LOSSES`) with ``cfg``'s knobs. A band left None
     (``sao.rl.config.resolve_defaults`` fills it from the env's domain) is the loss's own default:
     math's DIS band, PPO's clip-higher range."""
-    if cfg.loss == "dis":
-        return DISLoss(*_band(cfg, DISLoss.eps_low, DISLoss.eps_high))
-    if cfg.loss == "ppo":
-        return PPOClipLoss(*_band(cfg, PPOClipLoss.eps_low, PPOClipLoss.eps_high), cfg.dual_clip_c, cfg.is_correction,
-                           cfg.is_cap, cfg.icepop_low, cfg.icepop_high)
-    raise ConfigError(f"algo.loss must be 'dis' or 'ppo', got {cfg.loss!r}")
+    build = LOSSES.get(cfg.loss)
+    if build is None:
+        raise ConfigError(f"algo.loss must be 'dis' or 'ppo', got {cfg.loss!r}")
+    return build(cfg)
 
 
 def _band(cfg: AlgoConfig, low: float, high: float) -> tuple[float, float]:

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from sao.rl.algos.base import token_advantages
-from sao.rl.algos.policy_losses import DISLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Batch, Learner, PolicyLoss
+from sao.rl.algos.base import own_config, token_advantages
+from sao.rl.algos.policy_losses import make_loss
+from sao.rl.config import AlgoConfig, ReinforceMeanConfig
+from sao.rl.learner import Batch, Learner
 from sao.rl.objectives import RunningMeanBaseline
 
-
-@dataclass(frozen=True)
-class ReinforceMeanConfig:
-    loss: PolicyLoss = field(default_factory=DISLoss)
-    baseline_window: int = 8  # rewards in the running mean
-
-    @classmethod
-    def from_algo(cls, cfg: AlgoConfig) -> ReinforceMeanConfig:
-        if cfg.group_size != 1:
-            raise ConfigError(f"reinforce_mean samples one rollout per prompt; set algo.group_size=1, "
-                              f"not {cfg.group_size}")
-        return cls(loss=make_loss(cfg), baseline_window=cfg.baseline_window)
+__all__ = ["ReinforceMean", "ReinforceMeanConfig"]
 
 
 class ReinforceMean:
@@ -35,15 +23,16 @@ class ReinforceMean:
 
     def __init__(self, cfg: ReinforceMeanConfig | None = None):
         self.config = cfg = cfg or ReinforceMeanConfig()
+        self.loss = make_loss(cfg)
         self.baseline = RunningMeanBaseline(cfg.baseline_window)
 
     @classmethod
     def from_config(cls, cfg: AlgoConfig) -> ReinforceMean:
-        return cls(ReinforceMeanConfig.from_algo(cfg))
+        return cls(own_config(cfg, ReinforceMeanConfig))
 
     def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
         per_row = torch.tensor([self.baseline.advantage(float(r)) for r in batch.rewards], dtype=torch.float32)
-        metrics = learner.policy_step(batch, token_advantages(batch, per_row), self.config.loss)
+        metrics = learner.policy_step(batch, token_advantages(batch, per_row), self.loss)
         metrics["adv/mean"] = float(per_row.mean())
         metrics["baseline/mean"] = self.baseline.baseline()
         return metrics

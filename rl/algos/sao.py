@@ -8,48 +8,34 @@ built on the :class:`~sao.rl.learner.learner.Learner`'s generic blocks (``predic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from sao.rl.algos.base import Stateless
-from sao.rl.algos.policy_losses import DISLoss, make_loss
-from sao.rl.config import AlgoConfig, ConfigError
-from sao.rl.learner import Batch, Learner, PolicyLoss, explained_variance
+from sao.rl.algos.base import Stateless, own_config
+from sao.rl.algos.policy_losses import make_loss
+from sao.rl.config import AlgoConfig, PPOConfig, SAOConfig
+from sao.rl.learner import Batch, Learner, explained_variance
 from sao.rl.objectives import adaptive_lambda, gae_action_tokens, token_rewards
 
-
-@dataclass(frozen=True)
-class SAOConfig:
-    """SAO's knobs; defaults are the paper's math setting (METHOD.md 1)."""
-
-    loss: PolicyLoss = field(default_factory=DISLoss)
-    lam: float | None = None  # None: lambda_policy = 1 - 1 / (alpha * action_tokens); a float: fixed
-    alpha: float = 1.5
-    gamma: float = 1.0
-    ttur_k: int = 2  # value steps per policy step (two-timescale update)
-
-    def __post_init__(self) -> None:
-        if self.ttur_k < 1:
-            raise ConfigError(f"algo.ttur_k must be >= 1, got {self.ttur_k}")
-
-    @classmethod
-    def from_algo(cls, cfg: AlgoConfig) -> SAOConfig:
-        return cls(loss=make_loss(cfg), lam=cfg.lam, alpha=cfg.alpha, gamma=cfg.gamma, ttur_k=cfg.ttur_k)
+__all__ = ["SAO", "SAOConfig"]
 
 
 class SAO(Stateless):
-    """Single rollout + value model + adaptive-lambda GAE over action tokens + DIS (METHOD.md 1)."""
+    """Single rollout + value model + adaptive-lambda GAE over action tokens + DIS (METHOD.md 1).
+    Its knobs: :class:`~sao.rl.config.SAOConfig` (defaults: the paper's math setting)."""
 
     uses_critic = True
+    config: SAOConfig | PPOConfig  # PPO runs this machinery with its own config (a fixed lambda)
 
-    def __init__(self, cfg: SAOConfig | None = None):
+    def __init__(self, cfg: SAOConfig | PPOConfig | None = None):
         self.config = cfg or SAOConfig()
+        self.loss = make_loss(self.config)
 
     @classmethod
     def from_config(cls, cfg: AlgoConfig) -> SAO:
-        return cls(SAOConfig.from_algo(cfg))
+        return cls(own_config(cfg, SAOConfig))
 
     def update(self, learner: Learner, batch: Batch) -> dict[str, float]:
         """One SAO update on ``batch``: advantages and critic targets from the value model BEFORE it
@@ -60,7 +46,7 @@ class SAO(Stateless):
         batch = batch.to(learner.device)
         metrics, values = self.critic_steps(learner, batch)
         advantages = self.advantages(learner, batch, values)
-        metrics |= learner.policy_step(batch, advantages, self.config.loss)
+        metrics |= learner.policy_step(batch, advantages, self.loss)
         act = batch.action_mask.bool()
         metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
         return metrics

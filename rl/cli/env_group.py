@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 
-from sao.rl.config import ConfigError
+from sao.rl.errors import ConfigError
 
 if TYPE_CHECKING:
     from sao.envs.registry import EnvEntry

@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sao.agents.routing import ROUTERS
-from sao.rl.rollout.schedulers import STALE_POLICIES, ConfigError, RolloutError
+from sao.rl.errors import ConfigError, RolloutError
+from sao.rl.rollout.schedulers import STALE_POLICIES
 from sao.rl.rollout.sim import SCENARIOS, scenario
 
 DEFAULT_MODES = "sync,one_step_off,async,multi_version,pipe"

@@ -7,9 +7,10 @@
     sao-train env=reverse-word max_steps=2                        # any registered env, plug-ins included
 
 Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``)
-over the schema :class:`sao.rl.config.TrainConfig`; the ``env`` group holds every registered
-environment, plug-ins included, and an unknown ``env=`` name exits 2 with a suggestion
-(:mod:`sao.rl.cli.env_group`). The run folder is ``output_dir`` (single run) or ``output_dir/<overrides>``
+over the schema :class:`sao.rl.config.TrainConfig`. Each ``algo`` option composes that algorithm's own
+config, and an option it lacks exits 2 naming those it has (:mod:`sao.rl.cli.algo_group`); the ``env``
+group holds every registered environment, plug-ins included, and an unknown ``env=`` name exits 2 with
+a suggestion (:mod:`sao.rl.cli.env_group`). The run folder is ``output_dir`` (single run) or ``output_dir/<overrides>``
 (multirun); Hydra's own files go to its ``.hydra/``.
 
 Stopping: SIGTERM (``kill PID``) or Ctrl-C stops the run at once: the episodes in flight are
@@ -36,8 +37,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from sao.agents.interrupts import exit_now, interrupt_exit_code, interrupt_name, sigterm_as_interrupt
-from sao.rl.cli import env_group
-from sao.rl.config import ConfigError, TrainConfig, resolve_defaults
+from sao.rl.cli import algo_group, env_group
+from sao.rl.config import ALGO_CONFIGS, AlgoConfig, TrainConfig, resolve_defaults
+from sao.rl.errors import CheckpointError, ConfigError, TrainError
 
 log = logging.getLogger("sao.train")
 
@@ -62,7 +64,11 @@ if not OmegaConf.has_resolver("sao.or"):
     OmegaConf.register_new_resolver("sao.or", lambda value, default: default if value in (None, "") else value)
 if not OmegaConf.has_resolver("sao.sweep_dirname"):
     OmegaConf.register_new_resolver("sao.sweep_dirname", lambda overrides: sweep_dirname(list(overrides)))
-ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+# The schema holds the algorithms' common base; each conf/algo/NAME.yaml starts from schema/algo/NAME, that
+# algorithm's own config (ALGO_CONFIGS), so algo=NAME makes the node NAME's and refuses options NAME lacks.
+ConfigStore.instance().store(name="train_schema", node=TrainConfig(algo=AlgoConfig()))
+for _name, _schema in ALGO_CONFIGS.items():
+    ConfigStore.instance().store(group="schema/algo", name=_name, node=_schema)
 
 
 def to_config(cfg: DictConfig) -> TrainConfig:
@@ -84,8 +90,6 @@ def _main(cfg: DictConfig) -> float | None:
     _composed = True
     from sao.agents.engine.watch import EngineRestartsExhausted
     from sao.rl.training.build import run_training
-    from sao.rl.training.checkpoint import CheckpointError
-    from sao.rl.training.trainer import TrainError
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -131,8 +135,8 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def _last_checkpoint(run_dir: Path) -> str:
-    from sao.rl.training.checkpoint import Checkpointer, CheckpointError
-    from sao.rl.training.trainer import RunFiles
+    from sao.rl.training.checkpoint import Checkpointer
+    from sao.rl.training.run_folder import RunFiles
 
     try:
         latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()
@@ -151,6 +155,7 @@ def main() -> None:
     configure_allocator()  # glibc's arenas and thresholds, before anything allocates (sao.rl.learner.memory)
     try:
         sys.argv[1:] = env_group.rewrite_overrides(sys.argv[1:])  # before Hydra reads them
+        algo_group.check_overrides(sys.argv[1:])  # an option the algorithm lacks: one line naming its options
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sao.hints import did_you_mean
 from sao.rl.learner.batch import Batch, micro_batches
+from sao.rl.learner.batch_share import BatchShare
 from sao.rl.learner.lr_schedule import LrSchedule
 from sao.rl.learner.packing import packing_is_exact, trunk_hidden
 from sao.rl.learner.parallel import DataParallel
@@ -170,6 +171,26 @@ class _PartialStep:
     parts: int = 0
 
 
+def _optimizers(cfg: LearnerConfig, policy: nn.Module, value_model: ValueModel | None,
+                policy_optimizer: torch.optim.Optimizer | None, value_optimizer: torch.optim.Optimizer | None
+                ) -> tuple[Any, Any, Any, Any]:
+    """The policy's optimizer and lr schedule, and the value model's (None without one): AdamW unless
+    given, the value one with a linear warm-up. Freezes the value model's attention when configured."""
+    policy_optimizer = policy_optimizer or adamw(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    policy_scheduler = torch.optim.lr_scheduler.LambdaLR(policy_optimizer, cfg.lr_schedule.factor)
+    if value_model is None:
+        return policy_optimizer, policy_scheduler, None, None
+    if cfg.freeze_value_attention:
+        value_model.freeze_attention()
+    # frozen parameters never get a .grad, so AdamW skips them (no update, no weight decay)
+    value_optimizer = value_optimizer or adamw(value_model.parameters(), lr=cfg.critic_lr,
+                                               weight_decay=cfg.weight_decay)
+    warmup = cfg.value_warmup_steps
+    value_scheduler = torch.optim.lr_scheduler.LambdaLR(
+        value_optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    return policy_optimizer, policy_scheduler, value_optimizer, value_scheduler
+
+
 def _pad_to(x: Tensor, width: int) -> Tensor:
     return nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -195,63 +216,17 @@ class Learner:
     ) -> None:
         self.config = cfg = config or LearnerConfig()
         self.policy, self.value_model = policy, value_model
-        # one rank of a data-parallel learner (sao.rl.learner.parallel.data_parallel): every step is handed the whole
-        # batch, trains on this rank's rows and sums gradients and metrics over the ranks
-        self.dp = data_parallel
         self._stream: _PartialStep | None = None  # a policy step being accumulated part by part
         self.device = next(policy.parameters()).device
         if cfg.pack and not packing_is_exact(backbone_of(policy), policy.config.vocab_size):
             log.warning("%s gives different hidden states for packed and padded rows; the learner pads "
                         "its micro-batches instead (slower)", type(policy).__name__)
             self.config = cfg = replace(cfg, pack=False)
-        self.policy_optimizer = policy_optimizer or adamw(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.policy_scheduler = torch.optim.lr_scheduler.LambdaLR(self.policy_optimizer, cfg.lr_schedule.factor)
-        self.value_optimizer = self.value_scheduler = None
-        if value_model is not None:
-            if cfg.freeze_value_attention:
-                value_model.freeze_attention()
-            # frozen parameters never get a .grad, so AdamW skips them (no update, no weight decay)
-            self.value_optimizer = value_optimizer or adamw(value_model.parameters(), lr=cfg.critic_lr,
-                                                            weight_decay=cfg.weight_decay)
-            warmup = cfg.value_warmup_steps
-            self.value_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.value_optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-
-    # ---- helpers ---------------------------------------------------------------------------------
-
-    def _normalizer(self, action_mask: Tensor) -> float:
-        """The full batch's normalizer for the configured aggregation (see sao.rl.objectives.losses)."""
-        return self._normalizer_of(int(action_mask.sum()), int((action_mask.sum(-1) > 0).sum()))
-
-    def _normalizer_of(self, action_tokens: int, rows: int) -> float:
-        """The normalizer of a batch with ``action_tokens`` action tokens in ``rows`` non-empty rows."""
-        if self.config.agg == "token-mean":
-            return float(max(action_tokens, 1))
-        if self.config.agg == "seq-mean-token-mean":
-            return float(max(rows, 1))
-        return float(self.config.agg_normalizer)
-
-    def _local(self, batch: Batch) -> Batch:
-        """The rows this process trains on: all of them, or this rank's share."""
-        return batch if self.dp is None else self.dp.shard(batch)
-
-    def _reduce(self, params: Any, sums: dict[str, float], loss: float, n_mb: int
-                ) -> tuple[dict[str, float], float, int]:
-        """Data-parallel: sum ``params``' gradients and the step's metric sums over the ranks."""
-        if self.dp is None:
-            return sums, loss, n_mb
-        self.dp.sum_grads(params)
-        total = self.dp.sum_floats({**{f"m:{k}": v for k, v in sums.items()}, "loss": loss, "n_mb": n_mb})
-        return ({k[2:]: v for k, v in total.items() if k.startswith("m:")}, total["loss"], int(total["n_mb"]))
-
-    def _gather(self, values: list[Tensor], last: list[Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
-        """The whole batch's (values [B, T], last [B]) from this process's micro-batches' pieces."""
-        width = batch.input_ids.shape[1]
-        v = torch.cat(values) if values else torch.zeros((0, width), device=self.device)
-        lv = torch.cat(last) if last else torch.zeros((0,), device=self.device)
-        if self.dp is None:
-            return v, lv
-        return self.dp.gather_rows(v, batch.size), self.dp.gather_rows(lv, batch.size)
+        # one rank of a data-parallel learner (sao.rl.learner.parallel.data_parallel) is handed the whole batch
+        # at every step, trains on this rank's rows and sums gradients and metrics over the ranks
+        self.share = BatchShare(data_parallel, self.device, cfg.agg, cfg.agg_normalizer)
+        self.policy_optimizer, self.policy_scheduler, self.value_optimizer, self.value_scheduler = _optimizers(
+            cfg, policy, value_model, policy_optimizer, value_optimizer)
 
     def _value(self) -> ValueModel:
         if self.value_model is None:
@@ -266,14 +241,14 @@ class Learner:
         the value after each row's final token), as in :meth:`ValueModel.token_values`."""
         vm, cfg = self._value(), self.config
         batch = batch.to(self.device)
-        local = self._local(batch)
+        local = self.share.local(batch)
         values, last = [], []
         for mb in micro_batches(local, cfg.token_budget, packed=cfg.pack):
             with _autocast(self.device, cfg.critic_autocast):
                 v, v_last = vm.token_values(mb.input_ids, mb.attention_mask, cfg.pack)
             values.append(_pad_to(v.float(), batch.input_ids.shape[1]))
             last.append(v_last.float())
-        return self._gather(values, last, batch)
+        return self.share.gather(values, last, batch)
 
     def value_step(self, batch: Batch) -> dict[str, float]:
         """One critic optimizer step on ``batch`` (clipped value loss at action tokens, METHOD.md 1.9).
@@ -296,11 +271,11 @@ class Learner:
     def _value_step(self, batch: Batch, targets: CriticTargets | None
                     ) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
         vm, cfg = self._value(), self.config
-        norm = self._normalizer(batch.action_mask)  # the whole batch's, on every rank
+        norm = self.share.normalizer(batch.action_mask)  # the whole batch's, on every rank
         self.value_optimizer.zero_grad(set_to_none=True)
         sums, loss_total, n_mb = defaultdict(float), 0.0, 0
         seen_values, seen_last = [], []
-        local = self._local(batch)
+        local = self.share.local(batch)
         for mb in micro_batches(local, cfg.token_budget, packed=cfg.pack):
             with _autocast(self.device, cfg.critic_autocast):
                 values, last = vm.token_values(mb.input_ids, mb.attention_mask, cfg.pack)
@@ -317,7 +292,7 @@ class Learner:
             for k, v in m.items():
                 sums[k] += v * mb.num_action_tokens
         trainable = [p for p in vm.parameters() if p.requires_grad]
-        sums, loss_total, n_mb = self._reduce(trainable, sums, loss_total, n_mb)
+        sums, loss_total, n_mb = self.share.reduce(trainable, sums, loss_total, n_mb)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or float("inf"))
         lr = self.value_optimizer.param_groups[0]["lr"]
         self.value_optimizer.step()
@@ -326,7 +301,7 @@ class Learner:
         n = max(batch.num_action_tokens, 1)
         metrics = {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
                    "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
-        return metrics, self._gather(seen_values, seen_last, batch)
+        return metrics, self.share.gather(seen_values, seen_last, batch)
 
     # ---- policy ----------------------------------------------------------------------------------
 
@@ -342,9 +317,9 @@ class Learner:
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
         self.policy_optimizer.zero_grad(set_to_none=True)
         sums: defaultdict[str, float] = defaultdict(float)
-        norm = self._normalizer(batch.action_mask)  # the whole batch's, on every rank
-        loss_total, n_mb = self._policy_backward(self._local(batch), loss_fn, norm, sums)
-        sums, loss_total, n_mb = self._reduce(self.policy.parameters(), sums, loss_total, n_mb)
+        norm = self.share.normalizer(batch.action_mask)  # the whole batch's, on every rank
+        loss_total, n_mb = self._policy_backward(self.share.local(batch), loss_fn, norm, sums)
+        sums, loss_total, n_mb = self.share.reduce(self.policy.parameters(), sums, loss_total, n_mb)
         return self._policy_apply(sums, loss_total, n_mb, batch.num_action_tokens)
 
     # ---- a policy step over micro-batches that arrive one by one (RolloutPipe's CGP) -------------
@@ -364,7 +339,7 @@ class Learner:
         if st is None:
             raise RuntimeError("accumulate_policy before begin_policy_step")
         batch = replace(batch.to(self.device), advantages=advantages.to(self.device))
-        loss, n_mb = self._policy_backward(self._local(batch), loss_fn, 1.0, st.sums)
+        loss, n_mb = self._policy_backward(self.share.local(batch), loss_fn, 1.0, st.sums)
         st.loss += loss
         st.micro_batches += n_mb
         st.action_tokens += batch.num_action_tokens
@@ -377,8 +352,8 @@ class Learner:
         if st is None or st.parts == 0:
             raise RuntimeError("finish_policy_step needs begin_policy_step and at least one accumulate_policy")
         self._stream = None
-        st.sums, st.loss, st.micro_batches = self._reduce(self.policy.parameters(), st.sums, st.loss, st.micro_batches)
-        norm = self._normalizer_of(st.action_tokens, st.rows)
+        st.sums, st.loss, st.micro_batches = self.share.reduce(self.policy.parameters(), st.sums, st.loss, st.micro_batches)
+        norm = self.share.normalizer_of(st.action_tokens, st.rows)
         for param in self.policy.parameters():
             if param.grad is not None:
                 param.grad.div_(norm)

@@ -46,15 +46,12 @@ from sao.envs import resolve
 from sao.envs.arithmetic import OPS, make_task
 from sao.hints import did_you_mean
 from sao.rl.config import ScheduleConfig
+from sao.rl.errors import ScheduleError
 from sao.rl.prompts.tasks import TaskStream
 
 FAMILIES: tuple[str, ...] = tuple(OPS.values())  # add, sub, mul, div
 PROBE_BASE = 10**12  # probe prompt j has index PROBE_BASE + j: never a training index
 _ARITH_ID = re.compile(r"^(add|sub|mul|div)-d\d+-s\d+-i\d+$")
-
-
-class ScheduleError(ValueError):
-    """A schedule configuration or checkpoint the run cannot use; the message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from sao.rl.rollout.schedulers import (
 )
 from sao.rl.learner import failure
 from sao.rl.prompts import PromptRef
-from sao.rl.rollout.schedulers import UNKNOWN_VERSION, LengthStats
+from sao.rl.rollout.schedulers import UNKNOWN_VERSION, ClosedCounts, LedgerCounts, LengthStats
 from sao.rl.rollout.served import ServedVersions
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta, rollout_metrics
 from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, version_metrics
@@ -95,7 +95,7 @@ class DriverLoop:
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
         self._failed: list[Trajectory] = []
         self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
-        self.carried: dict[str, float] = {}  # a resumed run's attempts that earlier processes closed (closed_counts)
+        self.carried = ClosedCounts()  # a resumed run's attempts that earlier processes closed (closed_counts)
         self._t0 = time.monotonic()
         self._since_batch = time.monotonic()
 
@@ -124,23 +124,24 @@ class DriverLoop:
         """Before :meth:`run`: the schedule is ``scheduler``'s (one that starts at a resumed run's version)."""
         self.scheduler = scheduler
 
-    def carry(self, counts: dict[str, float], lengths: dict[str, Any]) -> None:
+    def carry(self, counts: ClosedCounts, lengths: dict[str, Any]) -> None:
         """Before :meth:`run`: earlier processes' closed counts and lengths, which this run goes on from."""
-        self.carried = {k: float(v) for k, v in counts.items()}
+        self.carried = counts
         self.lengths.load_state_dict(lengths)
 
     def stats(self) -> dict[str, float]:
         s, c = self.scheduler.stats(), self.carried
+        n = LedgerCounts.from_stats(s)
         dead = self.health.dead
         live = self.versions.live(dead)
         return {
             "rollout/staleness_max": s.get("staleness/max", 0.0),
             "rollout/staleness_mean": s.get("staleness/mean", 0.0),
             "rollout/lost": float(self.lost()),
-            "rollout/requeued": s.get("ledger/requeued", 0.0) + c.get("requeued", 0.0),
-            "rollout/admitted": s.get("ledger/admitted", 0.0) + c.get("admitted", 0.0),
-            "rollout/trained": s.get("ledger/trained", 0.0) + c.get("trained", 0.0),
-            "rollout/failed_total": s.get("ledger/failed", 0.0) + c.get("failed", 0.0),
+            "rollout/requeued": n.requeued + c.requeued,
+            "rollout/admitted": n.admitted + c.admitted,
+            "rollout/trained": n.trained + c.trained,
+            "rollout/failed_total": n.failed + c.failed,
             "rollout/in_flight": s.get("rollout/in_flight", 0.0),
             "rollout/replica_deaths": float(self.health.deaths),
             "rollout/replica_restarts": float(self.health.restarts),
@@ -149,20 +150,18 @@ class DriverLoop:
             "engine/weight_version_min": float(min(live)),
         }
 
-    def closed_counts(self) -> dict[str, float]:
+    def closed_counts(self) -> ClosedCounts:
         """The run's attempts that ended for good so far: admitted (less those in flight or waiting, which
         a resumed run admits again), trained, re-queued and failed, earlier processes' included; what a
         resumed run goes on counting from (``carried``). ``lost`` stays this process's own."""
-        s, c = self.scheduler.stats(), self.carried
-        open_ = s.get("ledger/in_flight", 0.0) + s.get("ledger/waiting", 0.0)
-        return {"admitted": c.get("admitted", 0.0) + s.get("ledger/admitted", 0.0) - open_,
-                **{k: c.get(k, 0.0) + s.get(f"ledger/{k}", 0.0) for k in ("trained", "requeued", "failed")}}
+        n, c = LedgerCounts.from_stats(self.scheduler.stats()), self.carried
+        return ClosedCounts(admitted=c.admitted + n.admitted - n.open, trained=c.trained + n.trained,
+                            requeued=c.requeued + n.requeued, failed=c.failed + n.failed)
 
     def lost(self) -> int:
         """Admitted attempts in no bucket: admitted - (in flight + waiting + trained + requeued + failed)."""
-        c = self.scheduler.stats()
-        ended = sum(c.get(f"ledger/{k}", 0.0) for k in ("in_flight", "waiting", "trained", "requeued", "failed"))
-        return int(c.get("ledger/admitted", 0.0) - ended)
+        n = LedgerCounts.from_stats(self.scheduler.stats())
+        return n.admitted - (n.in_flight + n.waiting + n.trained + n.requeued + n.failed)
 
     def _now(self) -> float:
         return time.monotonic() - self._t0

@@ -7,9 +7,9 @@ forever. :class:`FailureStreak` counts the attempts that failed since the last o
 
 from __future__ import annotations
 
+from sao.rl.errors import RolloutFailing
 
-class RolloutFailing(RuntimeError):
-    """``limit`` attempts in a row failed: the rollout cannot produce a batch."""
+__all__ = ["FailureStreak", "RolloutFailing"]
 
 
 class FailureStreak:

@@ -43,7 +43,9 @@ from sao.rl.prompts import OpenPrompts, PromptRef, ref_from_dict, ref_to_dict
 from sao.rl.rollout.driver_loop import DriverLoop, RunEpisode
 from sao.rl.rollout.off_schedule import OffSchedule
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaControl
-from sao.rl.rollout.schedulers import UNKNOWN_VERSION, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler
+from sao.rl.rollout.schedulers import (
+    UNKNOWN_VERSION, ClosedCounts, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler,
+)
 from sao.rl.rollout.served import ServedVersions
 from sao.rl.rollout.sources import RolloutBatch, rollout_meta
 from sao.rl.rollout.versioned_client import turn_versions
@@ -175,14 +177,15 @@ class OrchestratedRollout:
     def state_dict(self) -> dict[str, Any]:
         """The task cursor and the prompts admitted but not yet taken by the learner (module doc)."""
         return {"tasks": self.tasks.state_dict(), "open": [ref_to_dict(r) for r in self._prompts.open()],
-                "counts": self._driver.closed_counts(), "lengths": self._driver.lengths.state_dict()}
+                "counts": self._driver.closed_counts().to_json(), "lengths": self._driver.lengths.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._loop_task is not None:
             raise RuntimeError("load_state_dict comes before the first batch")
         self.tasks.load_state_dict(state["tasks"])
         self._prompts.reopen([ref_from_dict(d) for d in state.get("open", [])])
-        self._driver.carry(state.get("counts", {}), state.get("lengths", {}))  # the run's counts go on
+        # the run's counts go on
+        self._driver.carry(ClosedCounts.from_json(state.get("counts", {})), state.get("lengths", {}))
         if self._prompts.replay:
             log.info("re-admitting %d prompt(s) that were in flight or untrained at the checkpoint",
                      len(self._prompts.replay))

@@ -1,5 +1,5 @@
-"""A training run: the loop (:mod:`.trainer`), built from its config (:mod:`.build`), its resumable
-checkpoints (:mod:`.checkpoint`), held-out evaluation (:mod:`.heldout`), the metric sinks
+"""A training run: the loop (:mod:`.trainer`), built from its config (:mod:`.build`), its folder (:mod:`.run_folder`:
+the files, starting or resuming, the records written as it goes), its resumable checkpoints (:mod:`.checkpoint`), held-out evaluation (:mod:`.heldout`), the metric sinks
 (:mod:`.metrics_log`), the engines' share of a step's metrics (:mod:`.engine_step`), and the learning
 curves of finished runs (:mod:`.report`, ``sao-report``)."""
 
@@ -13,6 +13,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "engine_step": ["StepEngineMetrics"],
         "heldout": ["HeldOutEval"],
         "metrics_log": ["ConsoleSink", "JsonlSink", "MetricsSink", "MultiSink", "TensorBoardSink"],
-        "trainer": ["RunFiles", "TrainError", "Trainer"],
+        "run_folder": ["RunFiles", "RunRecords", "refuse_to_overwrite", "start_or_resume"],
+        "trainer": ["TrainError", "Trainer"],
     },
 )

@@ -28,7 +28,6 @@ from sao.agents.models import ensure_model
 from sao.envs import resolve
 from sao.rl.algos import make_algorithm
 from sao.rl.config import (
-    ConfigError,
     TrainConfig,
     activation_checkpointing,
     engine_urls,
@@ -36,6 +35,7 @@ from sao.rl.config import (
     scheduler_config,
     validate,
 )
+from sao.rl.errors import ConfigError
 from sao.rl.learner import (
     Learner, LearnerConfig, TorchThread, ValueModel, configure_allocator, pin_caller, resolve_bf16,
 )
@@ -44,7 +44,8 @@ from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
 from sao.rl.training.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
-from sao.rl.training.trainer import RunFiles, Trainer, refuse_to_overwrite
+from sao.rl.training.run_folder import RunFiles, refuse_to_overwrite
+from sao.rl.training.trainer import Trainer
 from sao.rl.weights import ReplicaWeightSync, WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,12 @@ log = logging.getLogger(__name__)
 def learner_config(cfg: TrainConfig, device: torch.device | None = None) -> LearnerConfig:
     """The learner's configuration; ``critic_bf16=auto`` is resolved for ``device``, the one the
     learner runs on (default: the run's ``device``; a data-parallel rank may run elsewhere)."""
-    a, o = cfg.algo, cfg.optim
+    o = cfg.optim
     return LearnerConfig(lr=o.lr, value_lr=o.value_lr, value_warmup_steps=o.value_warmup_steps,
                          lr_decay=o.lr_decay, decay_steps=cfg.max_steps, min_lr_ratio=o.min_lr_ratio,
-                         weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget,
-                         value_clip=a.value_clip, agg=a.agg, agg_normalizer=a.agg_normalizer, bf16=o.bf16,
-                         critic_bf16=resolve_bf16(o.critic_bf16, device or _device(cfg.device)),
-                         freeze_value_attention=a.freeze_value_attention, pack=o.pack)
+                         weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget, bf16=o.bf16,
+                         critic_bf16=resolve_bf16(o.critic_bf16, device or _device(cfg.device)), pack=o.pack,
+                         **cfg.algo.learner_options())  # agg; a critic's value_clip, freeze_value_attention
 
 
 def _device(name: str) -> torch.device:

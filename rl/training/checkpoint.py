@@ -46,16 +46,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
+from sao.rl.errors import CheckpointError
 from sao.rl.learner import Learner
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _TMP_PREFIX = ".tmp-step_"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, or none that exists can be read; the message is one line."""
 
 
 def failed_write(exc: BaseException) -> bool:

@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sao.rl.errors import ReportError
+
 PANELS = (
     ("reward/mean", "reward (mean)"),
     ("reward/accuracy", "accuracy"),
@@ -30,10 +32,6 @@ PANELS = (
     ("rollout/response_tokens_mean", "response tokens"),
     ("perf/sync_s", "weight sync (s)"),
 )
-
-
-class ReportError(Exception):
-    pass
 
 
 def read_run(run_dir: Path) -> list[dict[str, Any]]:

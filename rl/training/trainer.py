@@ -23,26 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from torch import nn
 
-from sao.agents.store import TrajectoryWriter
 from sao.rl.algos import Algorithm
 from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.config import TrainConfig
+from sao.rl.errors import TrainError
 from sao.rl.learner import Batch, Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval, improvement
-from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink, rewind_jsonl
+from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink
+from sao.rl.training.run_folder import RunFiles, RunRecords, start_or_resume
 from sao.rl.rollout import (
     ProbingSource,
     RolloutBatch,
@@ -56,58 +55,9 @@ from sao.rl.learner import TorchThread, failure
 log = logging.getLogger(__name__)
 
 
-class TrainError(RuntimeError):
-    """The run cannot go on (every trajectory of a batch failed, a run folder in the way, ...)."""
-
-
-def refuse_to_overwrite(run_dir: Path) -> None:
-    """:class:`TrainError` when ``run_dir`` already holds a run (a non-empty ``metrics.jsonl``)."""
-    metrics = RunFiles(Path(run_dir)).metrics
-    if metrics.exists() and metrics.stat().st_size > 0:
-        raise TrainError(f"{run_dir} already holds a run (metrics.jsonl); pass resume=true to continue it, "
-                         "or choose another output_dir")
-
-
 class Syncer(Protocol):
     async def sync(self, model: nn.Module, version: int, *, probe: bool = True,
                    recent: Sequence[Any] = ()) -> dict[str, float]: ...
-
-
-@dataclass
-class RunFiles:
-    root: Path
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def pretrain(self) -> Path:
-        return self.root / "value_pretrain.jsonl"
-
-    @property
-    def trajectories(self) -> Path:
-        return self.root / "trajectories.jsonl"
-
-    @property
-    def batches(self) -> Path:
-        return self.root / "batches.jsonl"
-
-    @property
-    def eval(self) -> Path:
-        return self.root / "eval.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def weights(self) -> Path:
-        return self.root / "weights"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / "tensorboard"
 
 
 class Trainer:
@@ -139,42 +89,15 @@ class Trainer:
         self.engine_metrics = engine_metrics  # the replicas' /metrics per step (prefix-cache hits, speculation)
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
-        self._train_step = 0  # the step the trajectories being sampled will feed (0: pretraining)
-        self._writer: TrajectoryWriter | None = None
-        self._lineage: Any = None  # RUN_DIR/batches.jsonl while run() runs
+        self.records = RunRecords()  # trajectories.jsonl and batches.jsonl while run() runs
 
     # ---- start / resume --------------------------------------------------------------------------
 
     def prepare(self) -> TrainState:
         """Load the latest checkpoint (``resume=true``) or check that the folder is free; rewind the logs."""
-        files, cfg = self.files, self.cfg
-        files.root.mkdir(parents=True, exist_ok=True)
-        folder = self.checkpointer.latest() if cfg.resume else None
-        if folder is not None:
-            self.state = self.checkpointer.load(folder, self.learner)
-            self.source.load_state_dict(self.state.source)
-            self.algo.load_state_dict(self.state.algo)
-            log.info("resuming from %s (step %d, %d critic pretraining steps done)", folder, self.state.step,
-                     self.state.pretrain_steps)
-        elif not cfg.resume:
-            refuse_to_overwrite(files.root)
-        else:
-            log.warning("resume=true but %s has no checkpoint; starting from step 0", files.checkpoints)
-        # Whatever was logged after the checkpoint is redone: drop it so no step appears twice.
-        step = self.state.step if folder is not None else -1
-        rewind_jsonl(files.metrics, step, "step")
-        rewind_jsonl(files.trajectories, step, "train_step")
-        rewind_jsonl(files.batches, step, "step")
-        rewind_jsonl(files.eval, step, "step")
-        rewind_jsonl(files.pretrain, self.state.pretrain_steps if folder is not None else -1, "pretrain_step")
+        self.state = start_or_resume(self.files, self.checkpointer, resume=self.cfg.resume, learner=self.learner,
+                                     source=self.source, algo=self.algo, state=self.state)
         return self.state
-
-    def _record(self, trajectory: Any) -> None:
-        from dataclasses import replace
-
-        if self._writer is not None:
-            meta = replace(rollout_meta(trajectory), train_step=self._train_step)
-            self._writer.write(replace(trajectory, rollout=meta))
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -183,9 +106,8 @@ class Trainer:
         state = await self.thread.run(self.prepare)  # a resume loads the learner's tensors
         sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
-        self._writer = TrajectoryWriter(files.trajectories) if cfg.logger.save_trajectories else None
-        self._lineage = files.batches.open("a", encoding="utf-8")
-        self.source.on_trajectory = self._record
+        self.records.open(files, save_trajectories=cfg.logger.save_trajectories)
+        self.source.on_trajectory = self.records.record
         last: dict[str, Any] = {}
         finished = False
         try:
@@ -200,7 +122,7 @@ class Trainer:
                 # the baseline, before any policy step, at version 0, concurrent with the critic's
                 # pretraining, which samples from the same version 0 and trains on the learner's
                 # thread (the engine and the learner work at once instead of in turn)
-                baseline = asyncio.create_task(self._evaluate(0))
+                baseline = asyncio.create_task(evaluate(self.heldout, 0))
                 try:
                     await self._pretrain_critic(pretrain_sink)
                     sink.log(0, await baseline)
@@ -213,7 +135,7 @@ class Trainer:
             for step in range(state.step + 1, cfg.max_steps + 1):
                 last = await self._step(step)
                 if step == cfg.max_steps:
-                    last |= self._improvement()
+                    last |= log_improvement(self.heldout, files.eval)
                 sink.log(step, last)
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
                     await self.thread.run(self._save, step)
@@ -224,9 +146,7 @@ class Trainer:
             sink.close()
             if pretrain_sink is not None:
                 pretrain_sink.close()
-            if self._writer is not None:
-                self._writer.close()
-            self._lineage.close()
+            self.records.close()
             self.thread.close(wait=finished)  # interrupted: do not wait for an update in hand (TorchThread.close)
         return last
 
@@ -234,31 +154,11 @@ class Trainer:
         every = self.cfg.eval.every
         return self.heldout is not None and (step == self.cfg.max_steps or (every > 0 and step % every == 0))
 
-    async def _evaluate(self, step: int) -> dict[str, float]:
-        assert self.heldout is not None
-        result = await self.heldout.run(step)
-        acc = result.accuracy
-        log.info("held-out accuracy at step %d: %.3f [%.3f, %.3f] on %d problems (%.1f s)", step, acc.value, acc.low,
-                 acc.high, len(result.correct), result.wall_s)
-        return result.metrics()
-
-    def _improvement(self) -> dict[str, float]:
-        """The paired change of held-out accuracy from the first evaluation to the last (module doc of
-        :mod:`sao.rl.training.heldout`), logged with the last step and printed."""
-        found = improvement(self.files.eval) if self.heldout is not None else None
-        if found is None:
-            return {}
-        first, last, before, after, delta = found
-        log.info("held-out accuracy %.3f -> %.3f, %s (95%% interval; step %d -> %d, %d problems)", before.value,
-                 after.value, delta, first, last, len(self.heldout.task_ids))
-        return {"eval/delta": delta.value, "eval/delta_low": delta.low, "eval/delta_high": delta.high,
-                "eval/first_accuracy": before.value}
-
     async def _pretrain_critic(self, sink: JsonlSink | None) -> None:
         cfg = self.cfg
         if not self.algo.uses_critic or self.state.pretrain_steps >= cfg.value_pretrain_steps:
             return
-        self._train_step = 0
+        self.records.train_step = 0
         while self.state.pretrain_steps < cfg.value_pretrain_steps:
             t0 = time.monotonic()
             if self.tasks is not None:
@@ -272,7 +172,7 @@ class Trainer:
             self.state = TrainState(self.state.step, self.state.version, n, self.source.state_dict(),
                                     self.algo.state_dict())
             if sink is not None:
-                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, **self._observe(0, rollout.trajectories),
+                sink.log(0, {"pretrain_step": n, **rollout.metrics, **metrics, **observe(self.tasks, 0, rollout.trajectories),
                              "perf/step_s": time.monotonic() - t0})
             log.info("critic pretraining %d/%d: value mse %.4f", n, cfg.value_pretrain_steps, metrics.get("value/mse", math.nan))
         await self.thread.run(self._save, self.state.step)
@@ -280,7 +180,7 @@ class Trainer:
     async def _step(self, step: int) -> dict[str, Any]:
         cfg, learner = self.cfg, self.learner
         t0 = time.monotonic()
-        self._train_step = step
+        self.records.train_step = step
         if self.tasks is not None:
             self.tasks.set_step(step)  # the schedule's distribution for this step (may advance a phase)
         algo, source = self.algo, self.source
@@ -294,8 +194,8 @@ class Trainer:
             metrics = await self.thread.run(self.algo.update, learner, batch)
             update_s = time.monotonic() - t_update
         engine = await self.engine_metrics.step() if self.engine_metrics is not None else {}
-        self._log_lineage(step, rollout.trajectories)
-        online = self._observe(step, rollout.trajectories)
+        self.records.lineage(step, rollout.trajectories)
+        online = observe(self.tasks, step, rollout.trajectories)
         probe = cfg.engine.probe and (step % cfg.engine.probe_every == 0 or step == cfg.max_steps)
         synced = await self.weight_sync.sync(learner.policy, step, probe=probe,
                                              recent=rollout.trajectories[:cfg.engine.action_probes])
@@ -303,9 +203,9 @@ class Trainer:
         if isinstance(self.source, ScheduledSource):  # the driver: its ledger and replica versions now
             synced = {**synced, **self.source.stats()}
         if self.tasks is not None and self.tasks.probe_due(step):
-            online |= await self._probe(step)
+            online |= await probe_families(self.tasks, self.source, step)
         if self._eval_due(step):
-            online |= await self._evaluate(step)
+            online |= await evaluate(self.heldout, step)
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
         release()  # the step's freed activations go back to the system, not into the next step's peak
         rss, peak = rss_gb()
@@ -327,53 +227,72 @@ class Trainer:
                 await self.thread.run(algo.accumulate, learner, batch)
                 update_s += time.monotonic() - t0
         rollout = RolloutBatch.join(parts)
-        self._check(rollout, step)  # before the optimizer step: an all-failed batch stops the run
+        check_rollout(rollout, step, self.files.trajectories)  # before the optimizer step: an all-failed batch stops the run
         t0 = time.monotonic()
         metrics = await self.thread.run(algo.finish, learner)
         return rollout, metrics, update_s + time.monotonic() - t0
 
-    def _log_lineage(self, step: int, trajectories: Any) -> None:
-        if self._lineage is None:
-            return
-        episodes = [{"task_id": t.task_id, "sample": t.sample, "prompt_index": (m := rollout_meta(t)).prompt_index,
-                     "attempt": m.attempt, "policy_version": m.policy_version, "replica": m.replica}
-                    for t in trajectories]
-        self._lineage.write(json.dumps({"step": step, "episodes": episodes}, separators=(",", ":")) + "\n")
-        self._lineage.flush()
-
-    def _observe(self, step: int, trajectories: Any) -> dict[str, float]:
-        """Feed the schedule this step's rewards; per-family rewards and the schedule's state as metrics."""
-        if self.tasks is None:
-            return {}
-        from sao.rl.prompts.curriculum import family_metrics
-
-        return {**family_metrics(self.tasks.observe(step, trajectories)), **self.tasks.metrics()}
-
-    async def _probe(self, step: int) -> dict[str, float]:
-        """Every family seen so far, on the new weights, not trained on (forgetting): ``probe/family/<f>``."""
-        from sao.rl.prompts.curriculum import family_metrics, family_rewards
-
-        if not isinstance(self.source, ProbingSource):
-            raise TrainError(f"{type(self.source).__name__} cannot run forgetting probes (it has no evaluate)")
-        trajectories = await self.source.evaluate(self.tasks.probes())
-        lag = {"probe/version_lag": float(step - min(rollout_meta(t).policy_version for t in trajectories))
-               } if trajectories else {}  # a scheduled mode's replicas may not serve the newest version yet
-        return family_metrics(family_rewards(step, trajectories, probe=True)) | lag
-
     def _collate(self, rollout: Any, step: int) -> Any:
-        self._check(rollout, step)
+        check_rollout(rollout, step, self.files.trajectories)
         return collate(list(rollout.trajectories), self.pad_id).sorted_by_length()  # less padding per micro-batch
-
-    def _check(self, rollout: Any, step: int) -> None:
-        """:class:`TrainError` when every trajectory failed; a warning when some did."""
-        if not rollout.trajectories:
-            causes = sorted({failure(t) or "unknown" for t in rollout.failed})
-            raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
-                             "They are recorded in trajectories.jsonl; fix the cause and rerun with resume=true")
-        if rollout.failed:
-            log.warning("step %d: %d of %d trajectories failed and are not trained on (recorded in %s)", step,
-                        len(rollout.failed), len(rollout.failed) + len(rollout.trajectories), self.files.trajectories)
 
     def _save(self, step: int) -> None:
         path = self.checkpointer.save(self.learner, self.state)
         log.info("checkpoint %s (step %d)", path, step)
+
+
+def check_rollout(rollout: Any, step: int, trajectories: Path) -> None:
+    """:class:`TrainError` when every trajectory failed; a warning when some did (all are recorded in
+    ``trajectories``)."""
+    if not rollout.trajectories:
+        causes = sorted({failure(t) or "unknown" for t in rollout.failed})
+        raise TrainError(f"step {step}: all {len(rollout.failed)} trajectories failed; first causes: {causes[:3]}. "
+                         "They are recorded in trajectories.jsonl; fix the cause and rerun with resume=true")
+    if rollout.failed:
+        log.warning("step %d: %d of %d trajectories failed and are not trained on (recorded in %s)", step,
+                    len(rollout.failed), len(rollout.failed) + len(rollout.trajectories), trajectories)
+
+
+def observe(tasks: Any, step: int, trajectories: Any) -> dict[str, float]:
+    """Feed the schedule (``tasks``, a ScheduledTaskStream or None) this step's rewards; per-family
+    rewards and the schedule's state as metrics."""
+    if tasks is None:
+        return {}
+    from sao.rl.prompts.curriculum import family_metrics
+
+    return {**family_metrics(tasks.observe(step, trajectories)), **tasks.metrics()}
+
+
+async def probe_families(tasks: Any, source: Any, step: int) -> dict[str, float]:
+    """Every family seen so far, on the new weights, not trained on (forgetting): ``probe/family/<f>``."""
+    from sao.rl.prompts.curriculum import family_metrics, family_rewards
+
+    if not isinstance(source, ProbingSource):
+        raise TrainError(f"{type(source).__name__} cannot run forgetting probes (it has no evaluate)")
+    trajectories = await source.evaluate(tasks.probes())
+    lag = {"probe/version_lag": float(step - min(rollout_meta(t).policy_version for t in trajectories))
+           } if trajectories else {}  # a scheduled mode's replicas may not serve the newest version yet
+    return family_metrics(family_rewards(step, trajectories, probe=True)) | lag
+
+
+async def evaluate(heldout: HeldOutEval, step: int) -> dict[str, float]:
+    """:meth:`~sao.rl.training.heldout.HeldOutEval.run` at ``step``, logged; its metrics."""
+    result = await heldout.run(step)
+    acc = result.accuracy
+    log.info("held-out accuracy at step %d: %.3f [%.3f, %.3f] on %d problems (%.1f s)", step, acc.value, acc.low,
+             acc.high, len(result.correct), result.wall_s)
+    return result.metrics()
+
+
+def log_improvement(heldout: HeldOutEval | None, path: Path) -> dict[str, float]:
+    """The paired change of held-out accuracy from the first evaluation in ``path`` to the last
+    (:func:`~sao.rl.training.heldout.improvement`), logged with the last step and printed; nothing without
+    a held-out evaluation."""
+    found = improvement(path) if heldout is not None else None
+    if found is None:
+        return {}
+    first, last, before, after, delta = found
+    log.info("held-out accuracy %.3f -> %.3f, %s (95%% interval; step %d -> %d, %d problems)", before.value,
+             after.value, delta, first, last, len(heldout.task_ids))
+    return {"eval/delta": delta.value, "eval/delta_low": delta.low, "eval/delta_high": delta.high,
+            "eval/first_accuracy": before.value}

@@ -24,9 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sao.rl.config import ConfigError, TrainConfig
+from sao.rl.config import TrainConfig
+from sao.rl.errors import ConfigError
 from sao.rl.learner.learner import Learner
 from sao.rl.learner.parallel.data_parallel import DataParallel
+from sao.rl.learner.parallel.messages import Stop
 from sao.rl.learner.parallel.ranks import Channel, LeaderAlgorithm, exit_with_parent, follow
 from sao.rl.learner.sharding import make_sharding, require_trainer_support
 from sao.sandboxes.capacity import usable_cores
@@ -147,10 +149,10 @@ class RankZero:
         return leader
 
     def tell_stop(self) -> None:
-        """Send the followers "stop"; a follower that died cannot be told (the caller ends it)."""
+        """Send the followers :class:`Stop`; a follower that died cannot be told (the caller ends it)."""
         try:
             if self.channel is not None:
-                self.channel.send("stop")
+                self.channel.send(Stop())
         except Exception as err:  # noqa: BLE001 - a dead follower is ended by the caller
             log.warning("learner ranks: could not send stop (%s)", err)
 

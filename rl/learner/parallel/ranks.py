@@ -2,7 +2,8 @@
 
 Rank 0 runs the whole trainer (rollouts, weight sync, logs, checkpoints) with a :class:`LeaderAlgorithm`:
 every learner call the trainer makes (``update``, ``pretrain_critic``, and RolloutPipe's ``begin`` /
-``accumulate`` / ``finish``) is first sent, with its batch, to the followers, and then run on rank 0.
+``accumulate`` / ``finish``) is first sent, with its batch, to the followers, and then run on rank 0;
+the messages are typed records (:mod:`sao.rl.learner.parallel.messages`).
 Each follower (:func:`follow`) runs the same call on its own copy of the learner, so every rank takes
 the same collective steps in the same order (sao.rl.learner.parallel.data_parallel does the sharding and the sums).
 The messages go over a gloo group of their own, so that the gradients may use NCCL on GPUs.
@@ -13,7 +14,7 @@ resume, when rank 0 has loaded its checkpoint; a follower never reads the run fo
 other machines need no shared filesystem. Checkpoints are written by rank 0 only: the ranks'
 states are equal after every step.
 
-A follower exits with rank 0: on the "stop" message, and on its own when rank 0's process is gone (a
+A follower exits with rank 0: on the :class:`Stop` message, and on its own when rank 0's process is gone (a
 watchdog polls the parent pid), so a SIGKILLed run leaves no rank behind waiting in a collective.
 """
 
@@ -29,10 +30,21 @@ import torch
 import torch.distributed as dist
 
 from sao.rl.learner.learner import Learner
+from sao.rl.learner.parallel.messages import (
+    CALLS,
+    MESSAGES,
+    Accumulate,
+    Begin,
+    Call,
+    Finish,
+    Message,
+    PretrainCritic,
+    ShareState,
+    Stop,
+    Update,
+)
 
 log = logging.getLogger(__name__)
-
-CALLS = ("update", "pretrain_critic", "begin", "accumulate", "finish")
 
 
 class Channel:
@@ -42,10 +54,13 @@ class Channel:
         self.group = group if group is not None else dist.new_group(backend="gloo")
         self.rank = dist.get_rank()
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: Message) -> None:
+        if not isinstance(message, MESSAGES):
+            raise TypeError(f"not a message record: {type(message).__name__} "
+                            f"(known: {', '.join(m.__name__ for m in MESSAGES)})")
         dist.broadcast_object_list([message], src=0, group=self.group)
 
-    def recv(self) -> tuple[Any, ...]:
+    def recv(self) -> Message:
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
@@ -88,24 +103,24 @@ class LeaderAlgorithm:
         self.uses_critic = algo.uses_critic
         self.streams = bool(getattr(algo, "streams", False))
 
-    def _call(self, name: str, learner: Learner, *args: Any) -> Any:
-        self.channel.send("call", name, args)
-        return getattr(self.algo, name)(learner, *args)
+    def _call(self, call: Call, learner: Learner) -> Any:
+        self.channel.send(call)
+        return call.run(self.algo, learner)
 
     def update(self, learner: Learner, batch: Any) -> dict[str, float]:
-        return self._call("update", learner, batch)
+        return self._call(Update(batch), learner)
 
     def pretrain_critic(self, learner: Learner, batch: Any) -> dict[str, float]:
-        return self._call("pretrain_critic", learner, batch)
+        return self._call(PretrainCritic(batch), learner)
 
     def begin(self, learner: Learner) -> None:
-        self._call("begin", learner)
+        self._call(Begin(), learner)
 
     def accumulate(self, learner: Learner, batch: Any) -> None:
-        self._call("accumulate", learner, batch)
+        self._call(Accumulate(batch), learner)
 
     def finish(self, learner: Learner) -> dict[str, float]:
-        return self._call("finish", learner)
+        return self._call(Finish(), learner)
 
     def state_dict(self) -> dict[str, Any]:
         return self.algo.state_dict()
@@ -117,7 +132,7 @@ class LeaderAlgorithm:
 
     def share(self, algo_state: dict[str, Any] | None = None) -> None:
         """Broadcast rank 0's learner (and the algorithm's state) to the followers."""
-        self.channel.send("state", algo_state if algo_state is not None else self.algo.state_dict())
+        self.channel.send(ShareState(algo_state if algo_state is not None else self.algo.state_dict()))
         broadcast_learner(self.learner, self.channel)
 
 
@@ -126,17 +141,16 @@ def follow(learner: Learner, algo: Any, channel: Channel) -> int:
     calls = 0
     while True:
         message = channel.recv()
-        kind = message[0]
-        if kind == "stop":
+        if isinstance(message, Stop):
             return calls
-        if kind == "state":
-            algo.load_state_dict(message[1])
+        if isinstance(message, ShareState):
+            algo.load_state_dict(message.algo_state)
             broadcast_learner(learner, channel)
-        elif kind == "call" and message[1] in CALLS:
-            getattr(algo, message[1])(learner, *message[2])
+        elif isinstance(message, CALLS):
+            message.run(algo, learner)
             calls += 1
         else:
-            raise RuntimeError(f"rank {channel.rank}: unknown message from rank 0: {message[:2]!r}")
+            raise RuntimeError(f"rank {channel.rank}: unknown message from rank 0: {type(message).__name__}")
 
 
 def exit_with_parent(poll_s: float = 2.0) -> threading.Thread:

@@ -33,7 +33,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
                  "PromptSource", "RecordFailed", "ReplicaDied", "ReplicaRestarted", "ReplicaStatus", "Requeue",
                  "RolloutError", "STALE_POLICIES", "Scheduler", "SchedulerConfig", "StartTrajectory", "SyncDone",
                  "SyncReplica", "TrainOn", "TrainStepDone", "TrajectoryFinished", "unknown_name"],
-        "ledger": ["Ledger"],
+        "ledger": ["ClosedCounts", "Ledger", "LedgerCounts"],
         "lengths": ["LengthStats"],
         "modes": ["MODES", "make_scheduler"],
         "replicas": ["UNKNOWN_VERSION"],

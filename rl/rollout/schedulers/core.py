@@ -36,18 +36,7 @@ from enum import Enum
 from typing import Protocol, Union
 
 from sao.hints import did_you_mean
-
-
-class RolloutError(Exception):
-    """Base of this package's errors."""
-
-
-class ConfigError(RolloutError, ValueError):
-    """A configuration that cannot work; the message says what to change."""
-
-
-class LedgerError(RolloutError, AssertionError):
-    """An accounting invariant broke: a trajectory was lost, counted twice, or moved illegally."""
+from sao.rl.errors import ConfigError, LedgerError, RolloutError  # defined there; re-exported here
 
 
 def unknown_name(kind: str, name: str, known: list[str] | tuple[str, ...]) -> ConfigError:

@@ -12,16 +12,22 @@ Two levels are kept:
 
 Staleness of a trained attempt = learner version at train time (``TrainOn.step``) minus the oldest
 policy version among its tokens; the ledger keeps its histogram.
+
+Its counts leave it as typed records, read by attribute: :class:`LedgerCounts` (this ledger now,
+also parsed back strictly from a scheduler's ``ledger/`` metrics) and :class:`ClosedCounts` (a run's
+attempts that ended for good, in every process so far: what a checkpoint keeps).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
+from typing import Any
 
+from sao.rl.errors import CheckpointError
 from sao.rl.rollout.schedulers.core import LedgerError, Prompt
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,63 @@ class Attempt:
     @property
     def oldest_version(self) -> int:
         return min(self.versions) if self.versions else self.version
+
+
+@dataclass(frozen=True)
+class LedgerCounts:
+    """A ledger's counts at one moment (module doc): attempts ``admitted`` = ``in_flight`` + ``waiting``
+    + ``trained`` + ``requeued`` + ``failed``; requests opened (``requests``) and closed as failed
+    (``requests_failed``)."""
+
+    admitted: int = 0
+    in_flight: int = 0
+    waiting: int = 0
+    trained: int = 0
+    requeued: int = 0
+    failed: int = 0
+    requests: int = 0
+    requests_failed: int = 0
+
+    @classmethod
+    def from_stats(cls, stats: Mapping[str, float]) -> LedgerCounts:
+        """The counts in a scheduler's ``stats()`` (its ``ledger/<name>`` keys, :meth:`Ledger.summary`).
+        A count the ledger never moved has no key and is 0; a ``ledger/`` key that names no count is a
+        :class:`LedgerError`."""
+        names = {f.name for f in fields(cls)}
+        counts = {k.removeprefix("ledger/"): v for k, v in stats.items() if k.startswith("ledger/")}
+        if unknown := sorted(set(counts) - names):
+            raise LedgerError(f"unknown ledger count(s) {unknown} (known: {', '.join(sorted(names))})")
+        return cls(**{k: int(v) for k, v in counts.items()})
+
+    @property
+    def open(self) -> int:
+        """Attempts not ended: in flight or waiting for the trainer."""
+        return self.in_flight + self.waiting
+
+
+@dataclass(frozen=True)
+class ClosedCounts:
+    """A run's attempts that ended for good, earlier processes' included: ``admitted`` (less those in
+    flight or waiting, which a resumed run admits again), ``trained``, ``requeued``, ``failed``. Floats,
+    as a checkpoint's ``source.counts`` holds them (:meth:`to_json`)."""
+
+    admitted: float = 0.0
+    trained: float = 0.0
+    requeued: float = 0.0
+    failed: float = 0.0
+
+    def to_json(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClosedCounts:
+        """The counts a checkpoint wrote (:meth:`to_json`). A key an older checkpoint lacks counts 0;
+        a key that names no count is a :class:`~sao.rl.errors.CheckpointError`."""
+        names = [f.name for f in fields(cls)]
+        if unknown := sorted(set(data) - set(names)):
+            raise CheckpointError(f"the checkpoint's rollout counts hold unknown key(s) {unknown} "
+                                  f"(known: {', '.join(names)})")
+        return cls(**{k: float(v) for k, v in data.items()})
 
 
 class Ledger:
@@ -159,6 +222,10 @@ class Ledger:
         if c["requests"] != c["trained"] + c["requests_failed"] + len(self._open):
             raise LedgerError(f"requests {c['requests']} != trained {c['trained']} + failed "
                               f"{c['requests_failed']} + open {len(self._open)}")
+
+    def tally(self) -> LedgerCounts:
+        """The counts now, as a record."""
+        return LedgerCounts(**self.counts)
 
     def summary(self) -> dict[str, float]:
         """Counts plus staleness statistics, with ``ledger/`` and ``staleness/`` keys."""

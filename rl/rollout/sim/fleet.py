@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sao.rl.errors import SimError
 from sao.rl.rollout.schedulers import (
     Event,
     Prompt,
     ReplicaDied,
-    RolloutError,
     StartTrajectory,
     SyncDone,
     SyncReplica,
@@ -34,10 +34,6 @@ from sao.rl.rollout.sim.engine_model import SimEngine, TrajectorySpec, sample_tr
 from sao.rl.rollout.sim.events import EngineDue, EnvAnswered, SimEvent, SyncLanded
 from sao.rl.rollout.sim.routing import Slot, TurnPlacer
 from sao.rl.rollout.sim.trainer import Audit, Finished
-
-
-class SimError(RolloutError):
-    """The simulation could not go on: a scheduler stalled or contradicted the engines."""
 
 
 @dataclass
