@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import textwrap
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +28,6 @@ MAX_FUNCTION_LINES = 60
 NESTING = frozenset({"add_argument_group", "add_mutually_exclusive_group", "add_subparsers", "add_parser"})
 """Methods that return something more options are declared on."""
 DECLARING = NESTING | {"add_argument", "set_defaults"}
-
-# Shrunk on issue 29's other branches; remove on merge. Each entry must still be over its limit (the test
-# fails once one is not, so that the list cannot go stale), and nothing else may be.
-PENDING: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -124,18 +119,9 @@ def all_offenders() -> list[Offender]:
 
 
 def test_no_class_over_200_lines_and_no_function_over_60():
-    new = [o for o in all_offenders() if (o.path, o.name) not in PENDING]
-    assert not new, ("over the size contract (split by concept, or, for an argument parser, declare options "
-                     "only; see tests/test_code_size.py):\n" + "\n".join(map(str, new)))
-
-
-def test_every_pending_entry_is_still_over_its_limit():
-    over = {(o.path, o.name): o for o in all_offenders()}
-    stale = sorted(PENDING - set(over))
-    assert not stale, (f"no longer over the size contract, remove from PENDING in tests/test_code_size.py: "
-                       f"{stale}")
-    warnings.warn("over the size contract, allowed until issue 29's other branches land (PENDING):\n"
-                  + "\n".join(str(over[key]) for key in sorted(PENDING)), UserWarning, stacklevel=1)
+    found = all_offenders()
+    assert not found, ("over the size contract (split by concept, or, for an argument parser, declare options "
+                     "only; see tests/test_code_size.py):\n" + "\n".join(map(str, found)))
 
 
 def test_the_sao_eval_parser_is_exempt_by_the_rule():
