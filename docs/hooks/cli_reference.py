@@ -1,0 +1,1 @@
+"""mkdocs hook: placeholder until the CLI reference generator lands."""
