@@ -39,7 +39,7 @@ Example (a private repository):
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sao-sandbox", description="Housekeeping for Docker sandboxes.")
     commands = parser.add_subparsers(dest="command", required=True)
     p_gc = commands.add_parser("gc", help=f"remove sandbox containers (label {LABEL_KEY})")
@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     p_swe.add_argument("--branch", default=None, help="the branch name HEAD is on in /testbed (default: the "
                        "source's current branch, else main)")
     p_swe.add_argument("--base-image", default=BASE_IMAGE, help=f"the image to build FROM (default {BASE_IMAGE})")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "gc":
             removed = gc(label=args.label)

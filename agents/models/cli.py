@@ -16,7 +16,7 @@ from pathlib import Path
 from .prepare import MODELS, ModelError, is_prepared, model_dir, prepare_model, resolve_model, sao_home
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sao-model", description="Prepare and locate sao's bundled models.")
     home = argparse.ArgumentParser(add_help=False)
     home.add_argument("--home", type=Path, default=None, help="model cache root (default: $SAO_HOME or ~/.cache/sao)")
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if args.command == "prepare":

@@ -163,7 +163,7 @@ def draw(run_dirs: list[Path], out: Path, *, x: str = "step", label: str = "dir"
     return [k for k, _ in panels]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sao-report", description="Plot learning curves of sao-train runs to a PNG.")
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=Path("report.png"))
@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="legend label: 'dir' (folder name) or a config.json key such as 'algo' or 'seed'; "
                              "runs with the same label are averaged")
     parser.add_argument("--smooth", type=int, default=1, help="moving-average window")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         drawn = draw(args.runs, args.out, x=args.x, label=args.label, smooth_window=args.smooth)
     except ReportError as exc:

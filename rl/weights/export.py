@@ -22,12 +22,16 @@ def export_model(model: str, out: Path, dtype: str = "float32") -> Path:
     return export_engine_model(policy, Path(path), Path(out), dtype=getattr(torch, dtype))
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sao.rl.weights.export", description=__doc__)
     p.add_argument("model")
     p.add_argument("out", type=Path)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     print(export_model(args.model, args.out, args.dtype))
 
 
