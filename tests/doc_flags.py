@@ -269,6 +269,8 @@ def check_override(token: str) -> str | None:
 
 
 def _is_override(token: str) -> bool:
+    if token.endswith("/"):
+        return False  # a folder named by overrides (a sweep's run folder)
     key = token.partition("=")[0].lstrip("+~")
     if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z0-9_]+)*", key) or key.endswith(FILE_SUFFIXES):
         return False
