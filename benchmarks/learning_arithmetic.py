@@ -11,7 +11,7 @@ the logging. Every algorithm sees the same number of trajectories (``--budget``)
 ``value_pretrain_steps`` critic-only batches inside the budget and the rest on policy steps; GRPO
 variants take ``budget / batch`` steps of ``batch / group`` prompts x ``group``. ``--lora`` adds
 ``sao+lora``: SAO with ``model.lora.rank=8`` and ``optim.lr=--lora-lr`` (2e-4, the top of the
-README's 1e-4..2e-4 range for LoRA), on ``--lora-seeds`` (default one seed: fewer than the others).
+the 1e-4..2e-4 range for LoRA in docs/guides/train.md), on ``--lora-seeds`` (default one seed: fewer than the others).
 
 One managed local vLLM, started in dev mode from an untied copy of the model in the composed
 ``model.engine_dtype`` (``OUT/engine_model``, as sao-train's own engines), serves every

@@ -79,3 +79,12 @@ def test_readme_is_a_short_front_page() -> None:
     assert not hashes, f"commit hashes in README.md: {hashes}"
     dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
     assert not dates, f"dated measurements belong in docs/results/: {dates}"
+
+
+@pytest.mark.parametrize("name", ["README.md", "AGENTS.md"])
+def test_every_relative_link_of_the_front_pages_exists(name: str) -> None:
+    """README.md and AGENTS.md are outside the site, so mkdocs does not check their links: this does."""
+    text = (REPO / name).read_text()
+    links = [link.split("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in link]
+    missing = [link for link in links if link and not (REPO / link).exists()]
+    assert links and not missing, f"{name} links to files that do not exist: {missing}"

@@ -282,7 +282,7 @@ def test_lora_config_is_typed_validated_and_overridable() -> None:
 
 # ---- the real engine -----------------------------------------------------------------------------------
 
-LORA_LR = 2e-4  # README's recommendation; at 1e-5 a rank-8 adapter barely moves the bf16 engine
+LORA_LR = 2e-4  # docs/guides/train.md's recommendation; at 1e-5 a rank-8 adapter barely moves the bf16 engine
 
 
 @pytest.mark.vllm

@@ -1,4 +1,4 @@
-"""The suite's tiers (``scripts/test``; the testing section of the README).
+"""The suite's tiers (``scripts/test``; docs/testing.md).
 
 - **default** (``bash scripts/test``): every test not marked ``long``: the unit tests and at least one
   real test of each real part (:mod:`tests.parts` prints their table).

@@ -32,7 +32,7 @@ def connect(cfg: ClusterConfig) -> Iterator[str]:
                  log_to_driver=False)
     except ConnectionError as exc:
         raise ConfigError(f"cluster=ray could not connect to a Ray cluster at cluster.address={cfg.address} ({exc}); "
-                          "start one with `ray start --head` (README 'Scale out')") from exc
+                          "start one with `ray start --head` (docs/guides/scale-out.md)") from exc
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         log.info("connected to the Ray cluster at %s: %d node(s), resources %s", cfg.address, len(nodes),
