@@ -1,5 +1,6 @@
 """Third-party environments through the `sao.envs` entry-point group, installed like a user would:
-discovered, checked by `sao-env`, trained by `sao-train env=NAME`, and the README's own example."""
+discovered, checked by `sao-env`, trained by `sao-train env=NAME`, and the docs' own example
+(docs/guides/write-an-environment.md)."""
 
 from __future__ import annotations
 
@@ -175,17 +176,20 @@ def test_sao_train_sweeps_over_builtin_and_plugin_envs(plugin_site, tmp_path):
     assert jobs["env=arithmetic"]["kwargs"]["ops"] == "+"
 
 
-def readme_example() -> dict[str, str]:
-    """The files of README.md's "Write an environment", each the code block after its marker."""
-    text = (REPO / "README.md").read_text()
-    files = dict(re.findall(r"<!-- readme-example: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S))
-    assert set(files) == {"my_envs.py", "pyproject.toml"}, f"README example markers found: {sorted(files)}"
+GUIDE = REPO / "docs" / "guides" / "write-an-environment.md"
+
+
+def docs_example() -> dict[str, str]:
+    """The files of the guide "Write an environment" (GUIDE), each the code block after its marker."""
+    text = GUIDE.read_text()
+    files = dict(re.findall(r"<!-- docs-example: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S))
+    assert set(files) == {"my_envs.py", "pyproject.toml"}, f"{GUIDE.name}: example markers found: {sorted(files)}"
     return files
 
 
-def test_the_readme_example_installs_checks_and_trains(tmp_path):
-    """The README's example environment, as written there, is a plug-in that every command takes."""
-    files = readme_example()
+def test_the_docs_example_installs_checks_and_trains(tmp_path):
+    """The guide's example environment, as written there, is a plug-in that every command takes."""
+    files = docs_example()
     name = re.search(r'^([\w-]+) = "my_envs:', files["pyproject.toml"], flags=re.M).group(1)
     site = install(tmp_path, files)
 
