@@ -223,6 +223,26 @@ def schema() -> tuple[frozenset[str], frozenset[str]]:
 
 
 @cache
+def composed_keys() -> frozenset[str]:
+    """The key paths of the configuration that the default command line composes, and each group option's:
+    the keys of a free-form dictionary that an option already sets (``env.kwargs.difficulty`` with
+    ``env=arithmetic``) can be set without ``+``; any other key in such a dictionary needs ``+``."""
+    out: set[str] = set()
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                out.add(prefix + str(k))
+                walk(v, f"{prefix}{k}.")
+
+    walk(hook().compose([]), "")
+    for group, options in groups().items():
+        for option in options:
+            walk(hook().compose([f"{group}={option}"]), "")
+    return frozenset(out)
+
+
+@cache
 def groups() -> dict[str, frozenset[str]]:
     return {g: frozenset(options) for g, options in hook().group_options().items()}
 
@@ -250,6 +270,7 @@ def _placeholder(text: str) -> bool:
 def check_override(token: str) -> str | None:
     """Why ``KEY=VALUE`` (or a bare ``KEY``) names nothing of ``sao-train``'s configuration; None if it does."""
     key, sep, value = token.partition("=")
+    added = key.startswith("+")
     key = key.lstrip("+~")
     if _placeholder(key) or key.startswith("hydra.") or key == "hydra":
         return None
@@ -263,8 +284,12 @@ def check_override(token: str) -> str | None:
             return f"no option {option!r} in the config group {key!r} (options: {', '.join(sorted(groups()[key]))})"
         return None
     keys, free = schema()
-    if key in keys or any(key.startswith(f + ".") for f in free):
+    if key in keys:
         return None
+    if any(key.startswith(f + ".") for f in free):
+        if added or not sep or key in composed_keys():
+            return None
+        return f"a new key of a free-form dictionary needs '+': +{key}=... (Hydra: not in struct)"
     return "no such key in sao-train's schema (sao.rl.config.TrainConfig and the algorithms' configs)"
 
 
@@ -296,6 +321,8 @@ def _command_at(ws: list[str], i: int) -> tuple[str, str | None, int] | None:
                     return "argparse", name, 3
                 if ws[i + 2] == "pytest":
                     return "pytest", None, 3
+                if not ws[i + 2].startswith(("sao.", "tests.", "benchmarks.")):
+                    return None  # another program's module (pip, vllm's server): not ours to check
                 return "module", ws[i + 2], 3
             if nxt.endswith(".py"):
                 return "script", nxt, 2

@@ -44,7 +44,7 @@ def test_the_check_finds_a_renamed_flag_or_key(pytestconfig: pytest.Config) -> N
     doc = REPO / "docs" / "index.md"
     text = ("```bash\n"
             "sao-eval arithmetic --max-turnz 5 --limit 3\n"
-            "sao-train algo=grpoo optim.lrr=1 +env.kwargs.ops=x env.kwargs.difficulty=0.5 -m seed=1,2\n"
+            "sao-train algo=grpoo optim.lrr=1 +env.kwargs.ops=x env.kwargs.difficulty=0.5 env.kwargs.images=M -m seed=1,2\n"
             "python benchmarks/war.py --armz x\n"
             "bash scripts/test --longg\n"
             "sao-model prepar smollm2-135m\n"
@@ -53,7 +53,7 @@ def test_the_check_finds_a_renamed_flag_or_key(pytestconfig: pytest.Config) -> N
             "Prose: `--max-turnz`, `optim.lrx=3`, `rollout.keep_kvv`, and fine ones: `algo=grpo`,\n"
             "`model.lora.rank=8`, `--max-turns`, `--network none`, `eval.jsonl`, `env.kwargs.anything=1`.\n")
     found = {(p.snippet.line, p.name) for p in doc_flags.check([doc], _pytest_flags(pytestconfig), {doc: text})}
-    assert found == {(2, "--max-turnz"), (3, "algo=grpoo"), (3, "optim.lrr=1"), (4, "--armz"), (5, "--longg"),
+    assert found == {(2, "--max-turnz"), (3, "algo=grpoo"), (3, "optim.lrr=1"), (3, "env.kwargs.images=M"), (4, "--armz"), (5, "--longg"),
                      (6, "prepar"), (7, "--tierr"), (9, "--max-turnz"), (9, "optim.lrx=3"), (9, "rollout.keep_kvv")}
 
 
