@@ -12,7 +12,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "env_calls": ["INFRASTRUCTURE", "EnvCodeError", "failure_of"],
         "episodes": ["EpisodeRunner", "Renderers", "opened", "unplayed"],
         "scripted": ["run_graded_patch", "run_scripted_episode"],
-        "seeds": ["episode_seed", "turn_seed"],
+        "seeds": ["episode_seed", "task_seed", "turn_seed"],
         "skeleton": ["LoopConfig", "Reply", "Sampled", "TurnSampler", "run_turns"],
         "text_loop": ["ChatSampler", "run_text_episode"],
         "token_loop": ["TokenSampler", "run_episode"],
