@@ -21,6 +21,7 @@ from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 
 from .runner import EvalConfig, EvalError, evaluate
+from .selection import parse_instance_ids, parse_slice
 
 console = Console(stderr=True)
 
@@ -49,8 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "trajectories are text only, not trainable), or auto (default: probe the endpoint once "
                         "and use chat when it returns no token ids). A local vLLM always runs in tokens mode")
     p.add_argument("--data", help="local dataset file (jsonl, json, csv, parquet) or URL instead of the hub default")
+    p.add_argument("--split", metavar="NAME",
+                   help="the dataset split the environment loads (SWE-bench and math benchmarks from the hub: "
+                        "default test; arithmetic: all, train or test); refused for an environment that takes "
+                        "none, and with --env-arg split=...")
     p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
-    p.add_argument("--limit", type=int, help="only the first N tasks (arithmetic, being endless, defaults to 100)")
+    p.add_argument("--instance-ids", metavar="ID,ID,...|FILE",
+                   help="only these tasks: ids separated by commas, or, when the value is an existing file, that "
+                        "file's ids, one a line (# comments skipped); they keep the benchmark's order. An id "
+                        "the benchmark (with --grade-only: the predictions) lacks is an error. Selection applies "
+                        "--instance-ids, --filter, --shuffle, --slice, then --limit, in that order")
+    p.add_argument("--filter", metavar="REGEX",
+                   help="only the tasks whose id this regular expression matches (Python's re.search, e.g. "
+                        "'^django__' or 'sympy|astropy'); matching none is an error")
+    p.add_argument("--shuffle", action="store_true",
+                   help="shuffle the selected tasks, by --seed (the same order every run with that seed), "
+                        "before --slice and --limit: --shuffle --limit 50 is a seeded random sample of 50")
+    p.add_argument("--slice", metavar="START:END",
+                   help="tasks START to END-1 of the list after --instance-ids, --filter and --shuffle, as "
+                        "Python slices it (10:20, :50; either side may be left out; a negative START needs '=': "
+                        "--slice=-10:); with --limit, the slice is taken first, then its first N. Leaving nothing "
+                        "is an error")
+    p.add_argument("--limit", type=int,
+                   help="only the first N tasks, after the other selection flags (arithmetic, being endless, "
+                        "defaults to 100, and selects from its first max(100, N, --slice END) tasks). Sampling "
+                        "seeds follow each task's id, so a task keeps its seed under any selection")
     p.add_argument("--concurrency", type=int, default=None,
                    help="episodes in flight (default 32; for SWE benchmarks, whose episodes each hold a container, "
                         "what this machine holds: 2 per core, 1 per 2 GB of available memory)")
@@ -61,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", choices=["local", "docker"],
                    help="where tool code runs: local (bubblewrap when installed; default) or docker")
     p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
-    p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for sampling, per episode derived from it, the task id and the sample; and for "
+                        "--shuffle (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
     p.add_argument("--max-restarts", type=int, default=3,
                    help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3; "
@@ -136,6 +162,9 @@ def _run(args: argparse.Namespace, output: Path) -> int:
         cfg = EvalConfig(
             benchmark=args.benchmark, output=output, agent=args.agent, model=args.model, base_url=args.base_url, api_key=args.api_key,
             tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
+            instance_ids=None if args.instance_ids is None else parse_instance_ids(args.instance_ids),
+            filter=args.filter, shuffle=args.shuffle, slice=None if args.slice is None else parse_slice(args.slice),
+            split=args.split,
             concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
             max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
             resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),

@@ -4,7 +4,7 @@ Outputs in ``output/``:
 * ``trajectories.jsonl``, one line per episode, appended as episodes finish;
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
 * ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, ...
-* ``run.json``: the configuration, checked on ``--resume``;
+* ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``;
 * ``vllm.log`` when a local engine was started.
 
 Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
@@ -28,6 +28,7 @@ the episodes side by side and records each.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -40,9 +41,9 @@ from sao.agents import Trajectory
 from sao.agents.clients import ENDPOINT_MODES, Endpoint
 from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death
 from sao.agents.interrupts import quiet_interrupts
-from sao.agents.loop import INFRASTRUCTURE, episode_seed, opened, unplayed
+from sao.agents.loop import INFRASTRUCTURE, opened, task_seed, unplayed
 from sao.agents.store import TrajectoryWriter, read_trajectories
-from sao.envs import EnvError, make, resolve
+from sao.envs import EnvEntry, EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
 from sao.envs.checker import check_episode
 from sao.envs.registry import BUILTINS
@@ -52,13 +53,19 @@ from .errors import EvalError
 from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
 from .players import Player, load_predictions
+from .selection import Selection, Slice
 
 log = logging.getLogger(__name__)
 
 # Fields that must match between a run and its --resume; the rest (concurrency, ...) may change. The
 # endpoint mode may change too: each trajectory records its own, and summary.json reports them.
-_IDENTITY = ("benchmark", "agent", "model", "data", "samples", "limit", "temperature", "max_tokens", "max_turns",
-             "seed", "env_args", "grade_only")
+# The selection's fields (Selection.identity) and the seeding scheme are part of it too.
+_IDENTITY = ("benchmark", "agent", "model", "data", "split", "samples", "limit", "temperature", "max_tokens",
+             "max_turns", "seed", "env_args", "grade_only")
+SEEDS = "task_seed"  # episodes seeded by task id (sao.agents.loop.task_seed); before it, by position
+# what a run.json written before a field existed means by its absence
+_IDENTITY_BEFORE = {"split": None, "instance_ids": None, "filter": None, "shuffle": False, "slice": None,
+                    "seeds": "episode_seed"}
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
@@ -78,6 +85,11 @@ class EvalConfig:
     data: str | None = None
     samples: int = 1
     limit: int | None = None
+    instance_ids: tuple[str, ...] | None = None  # the selection (sao.evals.selection): --instance-ids, ...
+    filter: str | None = None  # --filter: a regular expression searched in the task ids
+    shuffle: bool = False  # --shuffle, seeded by `seed`
+    slice: Slice | None = None  # --slice START:END
+    split: str | None = None  # --split: the environment's `split` argument
     concurrency: int = 32
     temperature: float = 1.0
     max_tokens: int = 1024
@@ -111,8 +123,10 @@ class EvalConfig:
             raise EvalError(f"--agent must be one of {AGENTS}, got {self.agent!r}")
         if self.grade_only is not None and self.samples != 1:
             raise EvalError("--grade-only grades one prediction per instance: --samples must be 1")
-        if self.limit is not None and self.limit < 1:
-            raise EvalError(f"--limit must be >= 1, got {self.limit}")
+        self.selection()  # a bad --limit, --filter, ... fails here
+        if self.split is not None and "split" in self.env_args:
+            raise EvalError(f"--split {self.split} and --env-arg split={self.env_args['split']} both set the split: "
+                            "keep one")
         if self.max_restarts < 0:
             raise EvalError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.replicas < 1:
@@ -123,17 +137,22 @@ class EvalConfig:
             raise EvalError("--replicas starts that many local vLLM engines for the model to play: it takes no "
                             "--base-url, --agent other than llm, or --grade-only")
 
+    def selection(self) -> Selection:
+        return Selection(instance_ids=self.instance_ids, filter=self.filter, shuffle=self.shuffle, seed=self.seed,
+                         slice=self.slice, limit=self.limit)
+
     def identity(self) -> dict[str, Any]:
+        """What ``run.json`` records, as JSON reads it back (tuples as lists)."""
         d = asdict(self)
-        return {k: d[k] for k in _IDENTITY}
+        identity = {k: d[k] for k in _IDENTITY} | self.selection().identity() | {"seeds": SEEDS}
+        return json.loads(json.dumps(identity))
 
 
 def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
-    """Resolve the benchmark and list its task ids; fails fast on a bad name or a broken dataset."""
+    """Resolve the benchmark and select its task ids (:mod:`.selection`); fails fast on a bad name, a
+    broken dataset or a selection that names an unknown id or leaves nothing."""
     entry = resolve(cfg.benchmark)
-    kwargs = dict(cfg.env_args)
-    if cfg.data is not None:
-        kwargs["data"] = cfg.data
+    kwargs = env_kwargs(cfg, entry)
     try:
         env = make(entry.name, **kwargs)
     except (EnvError, *INFRASTRUCTURE):
@@ -142,21 +161,10 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise EvalError(f"{entry.name}({shown}) could not be made: {type(exc).__name__}: {exc}") from exc
     try:
-        limit = cfg.limit
-        if limit is None and getattr(env.unwrapped, "endless", False):
-            limit = ENDLESS_DEFAULT_LIMIT
-        ids = env.unwrapped.task_ids(limit)
         if cfg.agent != "llm" and scripted_policies(env) is None:
             raise EvalError(f"{entry.name} has no scripted agents; use --agent llm")
-        if cfg.grade_only is not None:
-            if prediction_grader(env) is None:
-                raise EvalError(f"{entry.name} cannot grade predictions (--grade-only is for SWE benchmarks)")
-            wanted = load_predictions(cfg.grade_only)
-            known = set(env.unwrapped.task_ids())
-            unknown = sorted(set(wanted) - known)
-            if unknown:
-                raise EvalError(f"{cfg.grade_only}: {len(unknown)} instance(s) not in {entry.name}: {unknown[:5]}")
-            ids = [t for t in env.unwrapped.task_ids() if t in wanted][:cfg.limit]
+        candidates, source = candidate_ids(cfg, env, entry.name)
+        ids = cfg.selection().apply(candidates, source=source)
         if ids and cfg.grade_only is None and entry.name not in {e.name for e in BUILTINS}:
             preflight(env, ids[0])
     finally:
@@ -164,6 +172,52 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
     if not ids:
         raise EvalError(f"{cfg.benchmark}: no tasks")
     return ids, kwargs
+
+
+def env_kwargs(cfg: EvalConfig, entry: EnvEntry) -> dict[str, Any]:
+    """The environment's keyword arguments: ``--env-arg``s and the flags for it, ``--data`` and ``--split``
+    (refused for an environment whose constructor takes no ``split``)."""
+    kwargs = dict(cfg.env_args)
+    if cfg.data is not None:
+        kwargs["data"] = cfg.data
+    if cfg.split is not None:
+        if not takes_split(entry):
+            raise EvalError(f"--split {cfg.split}: {entry.name} takes no split (its constructor has no 'split' "
+                            "argument); leave --split out")
+        kwargs["split"] = cfg.split
+    return kwargs
+
+
+def takes_split(entry: EnvEntry) -> bool:
+    """Whether the environment's constructor names a ``split`` argument (one it cannot be read from: yes,
+    and the environment decides)."""
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        creator = load_env_creator(entry.entry_point) if isinstance(entry.entry_point, str) else entry.entry_point
+        return "split" in inspect.signature(creator).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return True
+
+
+def candidate_ids(cfg: EvalConfig, env: Any, name: str) -> tuple[list[str], str]:
+    """The ids the selection picks from, in the benchmark's order, and how errors name them: every task;
+    the first ones of an endless source (ENDLESS_DEFAULT_LIMIT, or what --limit or --slice asks);
+    with ``--grade-only``, the tasks that the predictions file has a patch for."""
+    if cfg.grade_only is not None:
+        if prediction_grader(env) is None:
+            raise EvalError(f"{name} cannot grade predictions (--grade-only is for SWE benchmarks)")
+        wanted = load_predictions(cfg.grade_only)
+        every = env.unwrapped.task_ids()
+        unknown = sorted(set(wanted) - set(every))
+        if unknown:
+            raise EvalError(f"{cfg.grade_only}: {len(unknown)} instance(s) not in {name}: {unknown[:5]}")
+        return [t for t in every if t in wanted], f"the predictions of {cfg.grade_only}"
+    if getattr(env.unwrapped, "endless", False):
+        n = cfg.selection().stream_length(ENDLESS_DEFAULT_LIMIT)
+        return env.unwrapped.task_ids(n), (f"the first {n} tasks of {name} (endless: a larger --limit or --slice "
+                                           "END selects from more)")
+    return env.unwrapped.task_ids(), name
 
 
 def preflight(env: Any, task_id: str) -> None:
@@ -191,11 +245,13 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
         run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
         return set()
     if run_file.exists():
-        before = json.loads(run_file.read_text())
+        before = _IDENTITY_BEFORE | json.loads(run_file.read_text())
         changed = {k: (before.get(k), v) for k, v in cfg.identity().items() if before.get(k) != v}
         if changed:
             diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            raise EvalError(f"--resume with a different configuration than {run_file} ({diff})")
+            why = (" - an older sao-eval seeded that run's episodes by their position in the list; evaluate into a "
+                   "new --output") if "seeds" in changed else ""
+            raise EvalError(f"--resume with a different configuration than {run_file} ({diff}){why}")
     else:
         run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
     return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if settled(t)}
@@ -211,11 +267,12 @@ async def run_pairs(
     cfg: EvalConfig,
     endpoint: Endpoint | Sequence[Endpoint] | None,
     env_kwargs: dict[str, Any],
-    pairs: list[tuple[int, str, int]],
+    pairs: list[tuple[str, int]],
     writer: TrajectoryWriter,
     on_done: Callable[[Trajectory], None] = lambda t: None,
 ) -> dict[str, Any]:
-    """Run the (task index, task id, sample) pairs with bounded concurrency, writing each as it ends.
+    """Run the (task id, sample) pairs with bounded concurrency, writing each as it ends; an episode's
+    sampling seed is :func:`~sao.agents.loop.task_seed` of its task id and sample, whatever was selected.
 
     With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
     Several endpoints (``--replicas``): each episode's requests are placed by ``cfg.router``
@@ -227,25 +284,25 @@ async def run_pairs(
     semaphore = asyncio.Semaphore(cfg.concurrency)
     player = Player(cfg, env_name, endpoints, env_kwargs)
 
-    async def attempt(index: int, task_id: str, sample: int) -> Trajectory:
+    async def attempt(task_id: str, sample: int) -> Trajectory:
         started = time.monotonic()
+        seed = task_seed(cfg.seed, task_id, sample)
         try:
             async with opened(env_name, env_kwargs) as env:
-                return await player.play(env, task_id, sample, episode_seed(cfg.seed, index, sample))
+                return await player.play(env, task_id, sample, seed)
         except INFRASTRUCTURE as exc:  # the environment could not be made (no Docker daemon, say): recorded
-            return unplayed(env_name, task_id, sample, episode_seed(cfg.seed, index, sample), exc,
-                            time.monotonic() - started)
+            return unplayed(env_name, task_id, sample, seed, exc, time.monotonic() - started)
 
-    async def one(index: int, task_id: str, sample: int, watch: EngineWatch | None) -> None:
+    async def one(task_id: str, sample: int, watch: EngineWatch | None) -> None:
         async with semaphore:
             # a local engine that dies is restarted; the attempts it cut are dropped and run again
             # (several replicas: the requests it cut go to the others, sao.agents.routing.client)
-            trajectory = await rerun_on_death(watch, lambda: attempt(index, task_id, sample))
+            trajectory = await rerun_on_death(watch, lambda: attempt(task_id, sample))
             writer.write(trajectory)
             on_done(trajectory)
 
     async with player.serving() as watch:
-        await asyncio.gather(*(one(i, t, s, watch) for i, t, s in pairs))
+        await asyncio.gather(*(one(t, s, watch) for t, s in pairs))
     return player.routing_summary()
 
 
@@ -350,7 +407,7 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     task_ids, env_kwargs = plan(cfg)
     done = prepare_output(cfg)
     before = previous_summary(cfg)
-    pairs = [(i, t, s) for i, t in enumerate(task_ids) for s in range(cfg.samples) if (t, s) not in done]
+    pairs = [(t, s) for t in task_ids for s in range(cfg.samples) if (t, s) not in done]
     rollout_s, engine = 0.0, None
     if pairs:
         with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:

@@ -75,7 +75,7 @@ def run_eval(tmp_path: Path, engine: FakeEngine, *, max_restarts: int = 3, tasks
     env = E.make("arithmetic")
     ids = env.unwrapped.task_ids(tasks)
     env.close()
-    pairs = [(i, t, s) for i, t in enumerate(ids) for s in range(samples)]
+    pairs = [(t, s) for t in ids for s in range(samples)]
     with TrajectoryWriter(tmp_path / "trajectories.jsonl") as writer:
         asyncio.run(run_pairs(cfg, endpoint, {}, pairs, writer))
     return cfg, ids

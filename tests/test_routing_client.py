@@ -368,7 +368,7 @@ def test_sao_eval_with_two_replicas_keeps_turns_sticky_sums_hits_and_survives_a_
                      max_turns=3, timeout_s=10.0, max_restarts=0, replicas=2, router="cache_aware",
                      env_args={"feedback_turns": 1})
     ids, env_kwargs = plan(cfg)
-    pairs = [(i, t, s) for i, t in enumerate(ids) for s in range(cfg.samples)]
+    pairs = [(t, s) for t in ids for s in range(cfg.samples)]
     with servers[0], servers[1]:
         endpoints = [Endpoint(s.base_url, "fake", path, 4096, managed=True, server=e) for s, e in zip(servers, engines)]
         with TrajectoryWriter(tmp_path / "trajectories.jsonl") as writer:

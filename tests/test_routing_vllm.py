@@ -44,7 +44,7 @@ def test_two_real_replicas_route_turns_to_their_prefix_and_survive_a_killed_one(
                      concurrency=4, max_tokens=192, max_turns=3, max_model_len=2048, max_restarts=0, replicas=2,
                      router="cache_aware", env_args={"feedback_turns": 1, "difficulty": 0.6})
     ids, env_kwargs = plan(cfg)
-    pairs = [(i, t, s) for i, t in enumerate(ids) for s in range(cfg.samples)]
+    pairs = [(t, s) for t in ids for s in range(cfg.samples)]
     done = {"n": 0}
     pids: list[int] = []
 
