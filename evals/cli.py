@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the dataset split the environment loads (SWE-bench and math benchmarks from the hub: "
                         "default test; arithmetic: all, train or test); refused for an environment that takes "
                         "none, and with --env-arg split=...")
-    p.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="samples per task (default 1); SWE: more than one writes each sample's predictions and "
+                        "run report apart (preds.sampleS.json, predictions.sampleS.jsonl, report.sampleS.json, "
+                        "S = 0..N-1, as the trajectories' 'sample') instead of preds.json, predictions.jsonl and "
+                        "report.json: a predictions file holds one prediction per instance")
     p.add_argument("--instance-ids", metavar="ID,ID,...|FILE",
                    help="only these tasks: ids separated by commas, or, when the value is an existing file, that "
                         "file's ids, one a line (# comments skipped); they keep the benchmark's order. An id "
@@ -97,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "swe-bench-*; 50 for swe-local)")
     p.add_argument("--image-map", type=Path, help="SWE: JSON file mapping instance_id to a Docker image")
     p.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
-                   help="SWE: grade the patches of a predictions.jsonl (instance_id, model_patch) instead of running agents")
+                   help="SWE: grade given patches instead of running agents, from a predictions file in swebench's "
+                        "formats: jsonl (instance_id, model_patch on each line), a JSON list of such objects, or "
+                        "preds.json's object keyed by instance_id")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the environment, value parsed as JSON when it can be "
                         "(e.g. --env-arg difficulty=0.5); repeatable")

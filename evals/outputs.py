@@ -10,13 +10,14 @@ import tempfile
 from pathlib import Path
 
 from .errors import EvalError
+from .swe_outputs import PREDICTIONS, PREDS, REPORT, REPORTS, TRAJS
 
 TRAJECTORIES = "trajectories.jsonl"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 RUN = "run.json"
-FILES = (TRAJECTORIES, RESULTS, SUMMARY, RUN, "vllm.log", "predictions.jsonl")
-FOLDERS = ("reports",)  # SWE: one report per instance
+FILES = (TRAJECTORIES, RESULTS, SUMMARY, RUN, "vllm.log", PREDICTIONS, PREDS, REPORT)
+FOLDERS = (REPORTS, TRAJS)  # SWE: one grading report and one trajectory file per episode
 
 
 def check_output(folder: Path) -> None:

@@ -1,6 +1,7 @@
 """Who plays an evaluation's episodes, one :class:`Player` per run: the model through its client (the
 token loop, or the text loop on a chat endpoint; several replicas through a router), the
-environment's scripted agent (``--agent gold|empty``), or a given prediction (``--grade-only``)."""
+environment's scripted agent (``--agent gold|empty``), or a given prediction (``--grade-only``, read by
+:func:`~.swe_outputs.load_predictions`: jsonl, a JSON list, or preds.json's object keyed by instance id)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from sao.agents.routing import RoutingClient
 from sao.envs.capabilities import scripted_policies
 
 from .errors import EvalError
+from .swe_outputs import load_predictions
 
 if TYPE_CHECKING:
     from .runner import EvalConfig
@@ -109,23 +111,3 @@ def load_tokenizer(endpoint: Endpoint) -> Any:
             "; for an endpoint that returns no token ids (hosted APIs), use --endpoint-mode chat (or auto)")
         raise EvalError(f"tokens mode needs the model's tokenizer, and {endpoint.tokenizer!r} cannot be loaded "
                         f"({type(exc).__name__}: {str(exc)[:300]}); pass --tokenizer DIR_OR_HF_ID{hint}") from exc
-
-
-def load_predictions(path: str) -> dict[str, str]:
-    """``instance_id -> model_patch`` from a predictions file in swebench's format (jsonl or a json list)."""
-    from sao.envs.datasets import load_rows, require_fields
-
-    rows = load_rows(path)
-    require_fields(rows, ("instance_id",), source=path)
-    out: dict[str, str] = {}
-    for i, row in enumerate(rows, start=1):
-        if "model_patch" not in row:
-            raise EvalError(f"{path}: row {i}: field 'model_patch' is missing")
-        patch, iid = row["model_patch"], str(row["instance_id"])
-        if patch is not None and not isinstance(patch, str):
-            raise EvalError(f"{path}: row {i}: 'model_patch' must be a string (a diff) or null, "
-                            f"got {type(patch).__name__}")
-        if iid in out:  # which of the two would be graded?
-            raise EvalError(f"{path}: row {i}: instance_id {iid!r} appears twice; keep one prediction per instance")
-        out[iid] = patch or ""
-    return out

@@ -5,7 +5,10 @@ Outputs in ``output/``:
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
 * ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, ...
 * ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``;
-* ``vllm.log`` when a local engine was started.
+* ``vllm.log`` when a local engine was started;
+* SWE benchmarks: ``preds.json`` and ``predictions.jsonl`` (the predictions in swebench's formats),
+  ``report.json`` (the harness's run report), ``reports/ID.json`` and ``trajs/ID.traj.json``, per
+  sample with ``--samples`` > 1 (see :mod:`.swe_outputs`).
 
 Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
 ``status == "ok"`` or failed in the environment's own code (``failure == "env_error"``: it would
@@ -54,6 +57,7 @@ from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
 from .players import Player, load_predictions
 from .selection import Selection, Slice
+from .swe_outputs import SweFiles, model_name_or_path, patch_benchmark
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +267,15 @@ def settled(t: Trajectory) -> bool:
     return t.status == "ok" or t.env_error
 
 
+def latest_episodes(path: Path) -> dict[tuple[str, int], Trajectory]:
+    """The episode that counts per (task, sample) pair in ``path``: the first settled one, else the last."""
+    latest: dict[tuple[str, int], Trajectory] = {}
+    for t in read_trajectories(path):
+        if latest.get((t.task_id, t.sample)) is None or not settled(latest[(t.task_id, t.sample)]):
+            latest[(t.task_id, t.sample)] = t
+    return latest
+
+
 async def run_pairs(
     cfg: EvalConfig,
     endpoint: Endpoint | Sequence[Endpoint] | None,
@@ -308,10 +321,7 @@ async def run_pairs(
 
 def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Build results and summary from every trajectory on disk (the latest per pair wins)."""
-    latest: dict[tuple[str, int], Trajectory] = {}
-    for t in read_trajectories(cfg.output / TRAJECTORIES):
-        if latest.get((t.task_id, t.sample)) is None or not settled(latest[(t.task_id, t.sample)]):
-            latest[(t.task_id, t.sample)] = t
+    latest = latest_episodes(cfg.output / TRAJECTORIES)
     results, outcomes, fallback = [], [], 0
     for task_id in task_ids:
         runs = [latest.get((task_id, s)) for s in range(cfg.samples)]
@@ -371,32 +381,24 @@ def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[s
             for row in results:
                 fh.write(json.dumps(row) + "\n")
         (cfg.output / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-        write_swebench_outputs(cfg)
+        write_swebench_outputs(cfg, [row["task_id"] for row in results])
     except OSError as exc:
         raise EvalError(f"the outputs cannot be written in {cfg.output} ({exc}); every episode is in "
                         f"{TRAJECTORIES}: fix that, then run again with --resume to write them") from exc
 
 
-def write_swebench_outputs(cfg: EvalConfig) -> None:
-    """For environments that grade patches: ``predictions.jsonl`` in swebench's format and ``reports/ID.json``."""
-    graded = [t for t in read_trajectories(cfg.output / TRAJECTORIES) if "patch" in t.info]
-    if not graded:
+def write_swebench_outputs(cfg: EvalConfig, task_ids: list[str]) -> None:
+    """For environments that grade patches, the files the SWE-bench tools read (:mod:`.swe_outputs`:
+    ``preds.json``, ``predictions.jsonl``, ``report.json``, ``reports/``, ``trajs/``), rebuilt from
+    every trajectory on disk."""
+    latest = latest_episodes(cfg.output / TRAJECTORIES)
+    if not (patch_benchmark(cfg.benchmark) or any("patch" in t.info for t in latest.values())):
         return
-    name = cfg.model if cfg.agent == "llm" and cfg.grade_only is None else (
-        f"grade-only:{Path(cfg.grade_only).name}" if cfg.grade_only else f"sao-{cfg.agent}")
-    reports = cfg.output / "reports"
-    reports.mkdir(exist_ok=True)
-    latest = {(t.task_id, t.sample): t for t in graded}  # the file's last record per pair wins
-    with (cfg.output / "predictions.jsonl").open("w", encoding="utf-8") as fh:
-        for (task_id, sample), t in sorted(latest.items()):
-            fh.write(json.dumps({"instance_id": task_id, "model_patch": t.info.get("patch") or "",
-                                 "model_name_or_path": name, "sample": sample}) + "\n")
-            report = {"instance_id": task_id, "sample": sample, "resolved": bool(t.info.get("correct")),
-                      "error": t.info.get("error") or t.error, "exit_status": t.info.get("exit_status"),
-                      "image": t.info.get("image"), "image_source": t.info.get("image_source"),
-                      "report": t.info.get("report")}
-            suffix = "" if cfg.samples == 1 else f".{sample}"
-            (reports / f"{task_id}{suffix}.json").write_text(json.dumps(report, indent=2) + "\n")
+    swe_files(cfg).write_all(task_ids, latest)
+
+
+def swe_files(cfg: EvalConfig) -> SweFiles:
+    return SweFiles(cfg.output, cfg.samples, model_name_or_path(cfg.agent, cfg.model, cfg.grade_only))
 
 
 def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajectory], None]] | None = None
@@ -412,9 +414,11 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     if pairs:
         with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
+            # SWE: each episode's trajs/ file as it ends (swe_outputs); the rest at the end
+            hooks = [h for h in (hook, swe_files(cfg).write_traj if patch_benchmark(cfg.benchmark) else None) if h]
             t_rollout = time.monotonic()
             engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
-                cfg, endpoints or None, env_kwargs, pairs, writer, hook or (lambda t: None))))
+                cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks])))
             rollout_s = time.monotonic() - t_rollout
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
     summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs))

@@ -36,6 +36,16 @@ def test_sao_eval_swe_local_scripted_agents(docker_client, tmp_path, agent, reso
     assert not (out / "vllm.log").exists()  # no engine for a scripted agent
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert all(t["info"]["report"] for t in trajectories if agent == "gold")
+    # the files SWE-bench's tools read (sao.evals.swe_outputs) agree with the summary and with each other
+    ids = sorted(t["task_id"] for t in trajectories)
+    preds = json.loads((out / "preds.json").read_text())
+    assert sorted(preds) == ids and all(p["model_name_or_path"] == f"sao-{agent}" for p in preds.values())
+    assert all(bool(p["model_patch"]) == (agent == "gold") for p in preds.values())
+    report = json.loads((out / "report.json").read_text())
+    assert (report["total_instances"], report["submitted_ids"], report["error_ids"]) == (len(ids), ids, [])
+    assert report["resolved_instances"] == summary["resolved"]
+    assert report["resolved_ids" if agent == "gold" else "empty_patch_ids"] == ids
+    assert sorted(p.name for p in (out / "trajs").iterdir()) == [f"{i}.traj.json" for i in ids]
     assert _ours(docker_client) == []
 
 
@@ -85,8 +95,14 @@ def test_grade_only_predictions_reports_and_a_missing_image(docker_client, tmp_p
     assert reports[instances[1].instance_id]["report"]["status"] == "empty_patch"
     missing = reports[instances[2].instance_id]
     assert missing["resolved"] is False and "sao-no-such-image" in missing["error"]
+    # the instance that could not be graded has no prediction (an empty one would read as unresolved)
     predicted = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    assert {p["instance_id"] for p in predicted} == {i.instance_id for i in instances}
+    assert [p["instance_id"] for p in predicted] == sorted(i.instance_id for i in instances[:2])
+    assert sorted(json.loads((out / "preds.json").read_text())) == sorted(i.instance_id for i in instances[:2])
+    report = json.loads((out / "report.json").read_text())
+    assert (report["resolved_ids"], report["empty_patch_ids"], report["error_ids"]) == \
+        ([instances[0].instance_id], [instances[1].instance_id], [instances[2].instance_id])
+    assert report["error_kinds"] == {instances[2].instance_id: "infra_error"}
     assert _ours(docker_client) == []
 
 
