@@ -10,17 +10,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sao.hints import did_you_mean
-from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
+from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxLimits
 
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
 from .episode import Episode, first_messages, run_tool_calls
-from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded
+from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded, unsubmitted
 from .images import ImageResolver, ResolvedImage, load_image_map
 from .instances import SWEInstance
 from .tools import SYSTEM_PROMPT, TOOLS, Workspace
-from .workspace import TESTBED, prepare_workspace, take_diff
+from .workspace import TESTBED, final_diff, prepare_workspace
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,10 @@ class SWEBenchEnv(TextEnv):
     """
 
     tools = TOOLS
-    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty` and `--grade-only`.
+    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty`, `--grade-only`, and
+    # (the method finish_cut) the end of an episode a limit of the agent loop cut.
     scripted_policies = staticmethod(baseline_policy)
     prediction_grader = staticmethod(grade_prediction)
-    # `finish_cut` (a method, below) is its CutGrading: an episode a loop limit cut is graded too.
 
     def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
@@ -144,25 +144,19 @@ class SWEBenchEnv(TextEnv):
         ep.format_errors = 0 if turn.usable else ep.format_errors + 1
         if turn.failure:
             return obs, 0.0, False, True, self._finish("infra_error", turn.failure)
-        if turn.submitted:
-            info = self._finish("submitted")
-            return obs, float(info["correct"]), True, False, info
-        if ep.format_errors >= self.max_format_errors:
-            info = self._finish("format_errors")
-            return obs, float(info["correct"]), True, False, info
-        if ep.steps >= self.max_steps:  # graded: the reward is final (terminated), and a limit cut it (truncated)
-            info = self._finish("max_steps")
-            return obs, float(info["correct"]), True, True, info
-        return obs, 0.0, False, False, self._info()
+        ended = ("submitted" if turn.submitted else "format_errors" if ep.format_errors >= self.max_format_errors
+                 else "max_steps" if ep.steps >= self.max_steps else None)
+        if ended is None:
+            return obs, 0.0, False, False, self._info()
+        info = self._finish(ended)  # graded: the reward is final (terminated); the step limit cut it (truncated)
+        return obs, float(info["correct"]), True, ended == "max_steps", info
 
     def finish_cut(self, reason: str) -> tuple[float, dict[str, Any]]:
         """:class:`~sao.envs.capabilities.CutGrading`: a limit of the agent loop (``reason``: ``max_turns``,
-        ``max_tokens``, ``context``, ...) ended the episode in progress; take the diff and grade it (scored
-        as an empty patch without ``autosubmit``), as at the step limit. The reward and the final info."""
+        ``max_tokens``, ``context``, ...) cut the episode; end it as the step limit does: reward, final info."""
         if self.workspace is None or self._episode is None or self.instance is None:
             raise RuntimeError("no episode in progress (it ended, the last reset failed or the env was closed)")
-        info = self._finish(reason)
-        self._done = True  # TextEnv: no step after this
+        info, self._done = self._finish(reason), True  # TextEnv's flag: no step after this
         return float(info["correct"]), info
 
     def close(self) -> None:
@@ -192,26 +186,17 @@ class SWEBenchEnv(TextEnv):
                 "timing": _rounded(self._episode.timing) if self._episode else {}}
 
     def _finish(self, exit_status: str, error: str | None = None) -> dict[str, Any]:
-        """Take the diff, close the agent's container, grade (without ``autosubmit``, only a submitted
-        diff; any other scores as an empty patch); the final info."""
+        """Take the diff, close the agent's container, grade (``autosubmit`` off: a submitted diff only); the final info."""
         assert self.instance is not None and self.workspace is not None and self._episode is not None
         ep, inst = self._episode, self.instance
-        patch: bytes | None = None
-        problem = ""
         started = time.monotonic()
-        if error is None:
-            try:
-                patch, problem = take_diff(self.workspace.sb, ep.baseline, max_bytes=self.max_patch_bytes)
-            except SandboxError as exc:
-                error = f"the agent's container failed while taking the diff: {exc}"
+        patch, problem, error = final_diff(self.workspace.sb, ep.baseline, self.max_patch_bytes, error)
         self._end_workspace()
         ep.timing["diff_s"] = time.monotonic() - started  # the diff and the agent's container's removal
         text = patch.decode("utf-8", errors="replace") if patch else ""
         kept: dict[str, Any] = {}
         if error is None and exit_status != "submitted" and not self.autosubmit:  # scored as an empty patch
-            kept, text = {"unsubmitted_patch": text}, ""
-            result = ungraded(inst.instance_id, False, f"empty_patch: the episode ended without submit "
-                              f"({exit_status}) and autosubmit is off: scored as an empty patch", None)
+            kept, text, result = {"unsubmitted_patch": text}, "", unsubmitted(inst.instance_id, exit_status)
         elif error is not None or patch is None:
             result = ungraded(inst.instance_id, patch is None, problem, error)
         else:
