@@ -374,7 +374,7 @@ def fix_then_look(patch: str):
 
 
 @pytest.mark.docker
-@pytest.mark.long
+@pytest.mark.part("sao-eval", "docker")
 def test_sao_eval_grades_an_unsubmitted_fix_cut_by_max_turns(docker_client, tmp_path):
     env = E.make("swe-local")
     try:
