@@ -275,7 +275,11 @@ def test_every_exit_status_a_loop_sets_is_in_the_vocabulary():
     assert set(LOOP_LIMITS) < set(LIMITS) < set(EXIT_STATUSES)
     ok = dict(status="ok", failure=None, info={}, terminated=False, truncated=False)
     assert exit_status(**{**ok, "truncated_by": "context"}) == "context"
-    assert exit_status(**{**ok, "truncated_by": None, "info": {"exit_status": "submitted"}}) == "submitted"
+    # the environment's word when it ended the episode: a submit in a reply the budget cut is submitted
+    submitted = {**ok, "terminated": True, "info": {"exit_status": "submitted"}}
+    assert exit_status(**{**submitted, "truncated_by": "max_tokens"}) == "submitted"
+    assert exit_status(**{**submitted, "terminated": False, "truncated_by": "max_turns"}) == "max_turns"  # not ended
+    assert exit_status(**{**ok, "terminated": True, "truncated_by": "max_tokens"}) == "max_tokens"  # math, cut
     assert exit_status(**{**ok, "truncated_by": None, "terminated": True}) == "terminated"
     assert exit_status(**{**ok, "truncated_by": None, "truncated": True}) == "truncated"
     assert exit_status(**{**ok, "status": "failed", "truncated_by": "max_turns", "failure": "env_error"}) == "env_error"

@@ -1,10 +1,11 @@
 """Why an episode ended: ``info["exit_status"]``, one word in every trajectory's info.
 
 :data:`EXIT_STATUSES` is the vocabulary, with what each word means. The loops set it when the episode
-ends (:func:`exit_status`): a failure first, then the loop limit that cut the episode (the same word as
-``info["truncated_by"]``, which stays), then the environment's own word (an SWE environment names
-``submitted``, ``format_errors``, ``max_steps``, ...), then ``terminated`` or ``truncated`` for an
-environment that names none.
+ends (:func:`exit_status`): a failure first; then the environment's own word when the environment ended
+the episode (an SWE environment names ``submitted``, ``format_errors``, ``max_steps``, and the limit it
+was given by ``finish_cut``); then the loop limit that cut it (the same word as ``info["truncated_by"]``,
+which stays: a math answer cut by the token budget is ``max_tokens``); then ``terminated`` or
+``truncated`` for an environment that names none.
 
 Graded or not. An episode cut by a limit of the loop (:data:`LOOP_LIMITS`) is finished by the
 environment when it offers :class:`~sao.envs.capabilities.CutGrading` (the SWE environments take the
@@ -46,16 +47,17 @@ patch without) when the environment offers :class:`~sao.envs.capabilities.CutGra
 
 def exit_status(*, status: str, failure: str | None, truncated_by: str | None, info: dict[str, Any],
                 terminated: bool, truncated: bool) -> str:
-    """The exit status of an episode that ended so (module doc): a failure, the loop limit that cut it,
-    the environment's own word, else ``terminated`` or ``truncated``."""
+    """The exit status of an episode that ended so (module doc): a failure, the environment's own word
+    when it ended the episode (``terminated`` or ``truncated``: its flags), the loop limit that cut it,
+    else ``terminated`` or ``truncated``."""
     if status != "ok":
         return failure or INFRA_ERROR
-    if truncated_by is not None:
-        return truncated_by
-    named = info.get("exit_status")
+    named = info.get("exit_status") if terminated or truncated else None
     if isinstance(named, str) and named:
         return named
-    return "terminated" if terminated or not truncated else "truncated"
+    if truncated_by is not None:
+        return truncated_by
+    return "terminated" if terminated else "truncated"
 
 
 def with_exit_status(info: dict[str, Any], **ended: Any) -> dict[str, Any]:
