@@ -6,6 +6,7 @@ here (no Docker); the last test runs ``sao-eval swe-local`` against Docker."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import subprocess
@@ -183,6 +184,10 @@ def test_the_token_loop_finishes_a_cut_episode(swe):
         t = asyncio.run(go())
     assert t.mode == "tokens" and len(t.turns) == 2 and t.status == "ok"
     assert (t.reward, t.terminated, t.truncated, t.info["exit_status"]) == (1.0, True, True, "max_turns")
+    from sao.rl.learner.batch import collate  # the learner: a graded cut is not bootstrapped, an unfinished one is
+
+    batch = collate([t, dataclasses.replace(t, terminated=False, reward=0.0)], pad_id=0)
+    assert batch.truncated.tolist() == [False, True] and batch.rewards.tolist() == [1.0, 0.0]
 
 
 def test_the_text_loop_finishes_a_cut_episode(swe):
