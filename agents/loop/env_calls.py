@@ -1,12 +1,12 @@
 """Calls from an episode loop into the environment's own code, and whose fault a failure was.
 
 The loops (token, text, scripted) call the environment through :func:`reset_env`, :func:`step_env`,
-:func:`finish_cut_env` and :func:`call_env`. What the environment's code raises, or returns against Gymnasium's contract
-(a 4-tuple, a reward that is not a real number: :func:`sao.envs.checker.step_problem`), becomes an
-:class:`EnvCodeError`, and the episode is recorded as failed with ``failure="env_error"``: running
-it again would fail the same way. The machinery under the environment failing is not the
-environment's fault and propagates as it is, to be recorded as ``failure="infra_error"`` like an
-engine error: a sandbox (:class:`~sao.sandboxes.SandboxError`: container, Docker), the operating
+:func:`finish_cut_env` (an episode a loop limit cut) and :func:`call_env`. What the environment's code
+raises, or returns against Gymnasium's contract (a 4-tuple, a reward that is not a real number:
+:func:`sao.envs.checker.step_problem`), becomes an :class:`EnvCodeError`, and the episode is recorded
+as failed with ``failure="env_error"``: running it again would fail the same way. The machinery under
+the environment failing is not the environment's fault and propagates as it is, to be recorded as
+``failure="infra_error"`` like an engine error: a sandbox (:class:`~sao.sandboxes.SandboxError`: container, Docker), the operating
 system (``OSError``: disk, network, timeouts) or memory. :func:`failure_of` names the cause.
 """
 

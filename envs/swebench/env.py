@@ -186,7 +186,7 @@ class SWEBenchEnv(TextEnv):
                 "timing": _rounded(self._episode.timing) if self._episode else {}}
 
     def _finish(self, exit_status: str, error: str | None = None) -> dict[str, Any]:
-        """Take the diff, close the agent's container, grade (``autosubmit`` off: a submitted diff only); the final info."""
+        """Take the diff, close the agent's container, grade it (unless unsubmitted without autosubmit)."""
         assert self.instance is not None and self.workspace is not None and self._episode is not None
         ep, inst = self._episode, self.instance
         started = time.monotonic()
