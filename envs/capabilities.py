@@ -1,4 +1,5 @@
-"""What an environment offers evaluations besides episodes: scripted agents, and grading of given predictions.
+"""What an environment offers evaluations and loops besides episodes: scripted agents, grading of given
+predictions, and the end of an episode that a loop's limit cut.
 
 Each is a small callable Protocol that takes the (unwrapped) environment, so that the logic lives
 beside the task it knows (``swe_policies``, ``swebench.grading``, ``math_envs``) and not in the
@@ -8,9 +9,11 @@ environment class. An environment class declares what it offers as class attribu
         scripted_policies = staticmethod(my_baseline_policy)    # a ScriptedPolicies
         prediction_grader = staticmethod(my_grade_prediction)   # a PredictionGrader
 
-(``staticmethod``, so that the class attribute stays a plain function.) Evaluations find them
-with :func:`scripted_policies` and :func:`prediction_grader`, which give None for an environment
-that does not offer them; nothing is registered at import.
+(``staticmethod``, so that the class attribute stays a plain function.) A method of the class
+fits too: looked up on the class, it is a function of the environment as its first argument, as
+:class:`CutGrading`'s ``finish_cut`` is. Evaluations and loops find them with
+:func:`scripted_policies`, :func:`prediction_grader` and :func:`cut_grading`, which give None for
+an environment that does not offer them; nothing is registered at import.
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ class PredictionGrader(Protocol):
     def __call__(self, env: Any, task_id: str, patch: str) -> dict[str, Any]: ...
 
 
+class CutGrading(Protocol):
+    """``(env, reason) -> (reward, info)``, declared as ``finish_cut``: end the episode in progress that a
+    limit of the agent loop cut (``reason``: ``max_turns``, ``max_tokens``, ``max_tokens_per_turn`` or
+    ``context``, see :mod:`sao.agents.loop.exits`) as the environment would end it, and return its final
+    reward and ``info`` (with ``correct``, ``answer``, ``error`` and ``exit_status``). The loop then records
+    that reward as final (``terminated`` and ``truncated``). The SWE environments grade the working
+    tree's diff (autosubmit) or, with ``autosubmit=False``, score an empty patch."""
+
+    def __call__(self, env: Any, reason: str) -> tuple[float, dict[str, Any]]: ...
+
+
 def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
     """The scripted agents ``env``'s class offers, or None."""
     return _declared(env, "scripted_policies")
@@ -48,6 +62,11 @@ def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
 def prediction_grader(env: gym.Env) -> PredictionGrader | None:
     """How ``env``'s class grades a given prediction (``--grade-only``), or None."""
     return _declared(env, "prediction_grader")
+
+
+def cut_grading(env: gym.Env) -> CutGrading | None:
+    """How ``env``'s class ends an episode that a loop's limit cut (``finish_cut``), or None."""
+    return _declared(env, "finish_cut")
 
 
 def _declared(env: gym.Env, name: str) -> Any:

@@ -20,7 +20,7 @@ from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_a
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 
-from .runner import EvalConfig, EvalError, evaluate
+from .runner import EvalConfig, EvalError, cut_warning, evaluate
 from .selection import parse_instance_ids, parse_slice
 
 console = Console(stderr=True)
@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SWE: grade given patches instead of running agents, from a predictions file in swebench's "
                         "formats: jsonl (instance_id, model_patch on each line), a JSON list of such objects, or "
                         "preds.json's object keyed by instance_id")
+    p.add_argument("--no-autosubmit", dest="autosubmit", action="store_const", const=False, default=None,
+                   help="SWE: score an episode that ends without submit (cut by --max-turns, --max-tokens, the "
+                        "context, --max-steps, or format errors) as an empty patch, as mini-swe-agent does. By "
+                        "default its working tree's diff is graded (autosubmit, as SWE-agent does). The "
+                        "environment's autosubmit=False (sao-train: +env.kwargs.autosubmit=false)")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the environment, value parsed as JSON when it can be "
                         "(e.g. --env-arg difficulty=0.5); repeatable")
@@ -178,7 +183,8 @@ def _run(args: argparse.Namespace, output: Path) -> int:
             speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
             max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
             env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
-                               images=None if args.image_map is None else str(args.image_map)),
+                               images=None if args.image_map is None else str(args.image_map),
+                               autosubmit=args.autosubmit),
         )
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -205,6 +211,13 @@ def _run(args: argparse.Namespace, output: Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _print_summary(summary, output)
+    return _report_problems(summary)
+
+
+def _report_problems(summary: dict[str, Any]) -> int:
+    """Print what the summary says went wrong; the exit code (1 when an episode could not be judged)."""
+    if (warning := cut_warning(summary)) is not None:
+        console.print(f"[bold red]WARNING: {warning}[/]")
     if summary["eval_errors"]:
         console.print(f"[yellow]{summary['eval_errors']} episode(s) could not be judged: the tests ran but produced "
                       "too few of the instance's results, with and without the patch (see 'eval_error' and "
@@ -245,6 +258,9 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "eval_errors", "n_failed",
                 "n_truncated", "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
+    if "exit_status" in summary:
+        table.add_row("exit_status", ", ".join(f"{k} {v}" for k, v in summary["exit_status"].items()) or "-")
+        table.add_row("autosubmit", str(summary["autosubmit"]).lower())
     if "replicas" in summary:
         table.add_row("replicas", f"{summary['replicas']} ({summary['router']})")
     for key in ("spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate"):

@@ -3,7 +3,9 @@
 Outputs in ``output/``:
 * ``trajectories.jsonl``, one line per episode, appended as episodes finish;
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
-* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, ...
+* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, the
+  episodes per ``exit_status`` (:mod:`sao.agents.loop.exits`; more than 5% cut by a limit: a warning,
+  :func:`cut_warning`) and ``autosubmit``, ...
 * ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``;
 * ``vllm.log`` when a local engine was started;
 * SWE benchmarks: ``preds.json`` and ``predictions.jsonl`` (the predictions in swebench's formats),
@@ -45,6 +47,7 @@ from sao.agents.clients import ENDPOINT_MODES, Endpoint
 from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.loop import INFRASTRUCTURE, opened, task_seed, unplayed
+from sao.agents.loop.exits import LIMITS, exit_status
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvEntry, EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
@@ -372,7 +375,49 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "seed": cfg.seed,
         "data": cfg.data,
     }
-    return summary, results
+    return summary | exits_summary(cfg, done), results
+
+
+# The flag that raises each limit an episode can be cut by (sao.agents.loop.exits.LIMITS)
+LIMIT_FLAGS = {"max_turns": "--max-turns", "max_tokens": "--max-tokens", "max_tokens_per_turn": "--max-tokens",
+               "context": "--max-model-len (a local engine's context window; a hosted model's is its own)",
+               "max_steps": "--max-steps"}
+CUT_WARNING_SHARE = 0.05  # more episodes than this cut by a limit: cut_warning says so
+
+
+def episode_exit_status(t: Trajectory) -> str:
+    """Why ``t`` ended (:mod:`sao.agents.loop.exits`): as recorded, or for a record older than the field,
+    as its other fields say."""
+    recorded = t.info.get("exit_status") if t.status == "ok" else None
+    return recorded if isinstance(recorded, str) and recorded else exit_status(
+        status=t.status, failure=t.failure, truncated_by=t.info.get("truncated_by"), info=t.info,
+        terminated=t.terminated, truncated=t.truncated)
+
+
+def exits_summary(cfg: EvalConfig, done: list[Trajectory]) -> dict[str, Any]:
+    """``exit_status``: episodes per exit status; ``autosubmit``: whether an episode that ended without
+    submitting (a limit cut it) had its diff graded (the SWE environments' ``autosubmit``, ``--no-autosubmit``)."""
+    counts: dict[str, int] = {}
+    for t in done:
+        status = episode_exit_status(t)
+        counts[status] = counts.get(status, 0) + 1
+    return {"exit_status": dict(sorted(counts.items())), "autosubmit": bool(cfg.env_args.get("autosubmit", True))}
+
+
+def cut_warning(summary: dict[str, Any]) -> str | None:
+    """The warning when more than :data:`CUT_WARNING_SHARE` of the episodes were cut by a limit (turns,
+    tokens, context, the environment's steps), naming the flag to raise for each; None otherwise."""
+    n, counts = summary.get("n_episodes", 0), summary.get("exit_status") or {}
+    cut = {k: v for k, v in counts.items() if k in LIMITS}
+    if not n or sum(cut.values()) <= CUT_WARNING_SHARE * n:
+        return None
+    which = "; ".join(f"{v} by {k} (raise {LIMIT_FLAGS.get(k, k)})" for k, v in cut.items())
+    scored = ""
+    if patch_benchmark(summary["benchmark"]):
+        scored = (" Their diffs were graded as they stood (autosubmit)." if summary.get("autosubmit", True) else
+                  " They were scored as empty patches (--no-autosubmit).")
+    return (f"{sum(cut.values())} of {n} episodes ({sum(cut.values()) / n:.0%}) were cut by a limit before the "
+            f"agent ended them: {which}.{scored} The scores measure the limits as much as the model.")
 
 
 def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[str, Any]]) -> None:
@@ -427,6 +472,8 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     elif not pairs:  # nothing ran: the engine figures of the run that did the work stay
         summary |= {k: v for k, v in before.items() if k in ENGINE_KEYS}
     write_outputs(cfg, summary, results)
+    if (warning := cut_warning(summary)) is not None:
+        log.warning("%s", warning)
     return summary
 
 

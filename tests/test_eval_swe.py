@@ -114,7 +114,7 @@ def test_max_steps_cuts_and_grades(docker_client, tmp_path):
                            "--output", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (t,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
-    assert t["truncated"] and t["info"]["exit_status"] == "step_limit" and t["info"]["correct"] is True
+    assert t["truncated"] and t["terminated"] and t["info"]["exit_status"] == "max_steps" and t["info"]["correct"] is True
 
 
 def test_swe_concurrency_defaults_to_the_containers_the_machine_holds():

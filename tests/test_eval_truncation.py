@@ -29,6 +29,7 @@ def test_summary_counts_budget_cut_answers_as_truncated_and_they_are_still_grade
                                       model="org/hosted-model", endpoint_mode="chat", limit=4, samples=2,
                                       concurrency=2, max_tokens=64, max_turns=4, timeout_s=10.0))
     assert summary["n_episodes"] == 8 and summary["n_truncated"] == 4 and summary["pass@1"] == 1.0
+    assert summary["exit_status"] == {"max_tokens": 4, "terminated": 4}  # a cut answer: the limit that cut it
     trajectories = read_trajectories(tmp_path / "out" / "trajectories.jsonl")
     cut = [t for t in trajectories if t.turns[-1].finish_reason == "length"]
     assert len(cut) == 4 and all(t.truncated and t.terminated and t.correct for t in cut)

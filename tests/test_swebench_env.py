@@ -440,7 +440,7 @@ def test_long_output_is_truncated_and_slow_commands_time_out(tasks_file, rows):
 
 
 @pytest.mark.docker
-def test_step_limit_truncates_and_grades_the_diff(tasks_file, rows):
+def test_step_limit_ends_and_grades_the_diff(tasks_file, rows):
     row = task(rows, "paginate")
     policy = scripted_policy([
         ("editor", {"command": "create", "path": "/tmp/fix.patch", "file_text": row["patch"]}),
@@ -449,7 +449,8 @@ def test_step_limit_truncates_and_grades_the_diff(tasks_file, rows):
     ])
     with make_env(tasks_file, max_steps=3) as env:
         info = play(env, policy, task_id=row["instance_id"])
-    assert info["truncated"] and not info["terminated"] and info["exit_status"] == "step_limit"
+    # graded: the reward is final (terminated, not bootstrapped), and the step limit cut it (truncated)
+    assert info["truncated"] and info["terminated"] and info["exit_status"] == "max_steps"
     assert info["correct"] is True and info["reward"] == 1.0 and info["error"] is None
 
 

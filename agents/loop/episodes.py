@@ -100,5 +100,6 @@ def unplayed(env_name: str, task_id: str, sample: int, seed: int | None, exc: Ba
     return Trajectory(episode_id=uuid.uuid4().hex, env=env_name, task_id=task_id, sample=sample, seed=seed,
                       token_ids=(), action_mask=(), logprobs=(), turns=(), messages=(), reward=0.0,
                       terminated=False, truncated=False, status="failed", error=error,
-                      info={"correct": False, "answer": None, "error": error}, wall_s=wall_s,
+                      info={"correct": False, "answer": None, "error": error, "exit_status": failure_of(exc)},
+                      wall_s=wall_s,
                       failure=failure_of(exc))

@@ -7,10 +7,12 @@
         obs, reward, terminated, truncated, info = env.step(assistant message of reply)
         if the episode ended: stop
         sampler.observe(obs)
+    a limit cut it and env offers finish_cut: reward, info = env.finish_cut(limit)   # graded: final
     Trajectory(transcript, turns, reward, flags, info, failure, sampler.sampled())
 
 The skeleton owns the limits, the environment calls, the bookkeeping of termination and truncation
-(``info["truncated_by"]``) and the failure record: what :mod:`.token_loop` documents for both loops.
+(``info["truncated_by"]``), the exit status (``info["exit_status"]``, :mod:`.exits`) and the failure
+record: what :mod:`.token_loop` documents for both loops.
 A sampler owns how one turn is sampled and how the model is shown what came back: token ids and
 log-probs through the chat renderer (:mod:`.token_loop`), text through a chat API with native tool
 calls (:mod:`.text_loop`), or whatever serves an external agent's model calls. Nothing here assumes
@@ -33,7 +35,8 @@ from sao.envs import Message
 from ..clients import SamplingParams
 from ..errors import ContextOverflowError
 from ..records import Trajectory, TurnRecord, jsonable
-from .env_calls import failure_of, reset_env, step_env
+from .env_calls import failure_of, finish_cut_env, reset_env, step_env
+from .exits import with_exit_status
 from .seeds import turn_seed
 from .tools import assistant_message
 
@@ -158,6 +161,19 @@ async def _play(env: gym.Env, sampler: TurnSampler, cfg: LoopConfig, ep: _Progre
     ep.truncated_by = "max_turns"
 
 
+async def _finish_cut(env: gym.Env, ep: _Progress) -> None:
+    """A loop limit cut the episode before the environment ended it: an environment that offers
+    :class:`~sao.envs.capabilities.CutGrading` ends it now (SWE: the diff graded), and its reward is
+    final (``terminated`` and ``truncated``); any other stays unfinished (``truncated`` alone)."""
+    if ep.truncated_by is None or ep.terminated or ep.truncated:
+        return
+    finished = await finish_cut_env(env, ep.truncated_by)
+    if finished is not None:
+        r, ep.info = finished
+        ep.reward += r
+        ep.terminated = ep.truncated = True
+
+
 class EpisodeArgs(TypedDict, total=False):
     """Which episode a loop plays, as its keyword arguments (``**episode: Unpack[EpisodeArgs]``);
     :func:`run_turns` gives their defaults."""
@@ -177,9 +193,12 @@ async def run_turns(env: gym.Env, sampler: TurnSampler, cfg: LoopConfig, *, env_
     status, error, failure = "ok", None, None
     try:
         await _play(env, sampler, cfg, ep, task_id=task_id, seed=seed, clock=lambda: time.monotonic() - t0)
+        await _finish_cut(env, ep)
     except Exception as exc:  # noqa: BLE001 - a bad rollout is data: record the cause, keep the run going
         status, error, failure = "failed", f"{type(exc).__name__}: {exc}", failure_of(exc)
-    info = final_info(ep.info, status=status, error=error, truncated_by=ep.truncated_by)
+    info = with_exit_status(final_info(ep.info, status=status, error=error, truncated_by=ep.truncated_by),
+                            status=status, failure=failure, truncated_by=ep.truncated_by,
+                            terminated=ep.terminated, truncated=ep.truncated)
     tokens = sampler.sampled()
     return Trajectory(
         episode_id=episode_id or uuid.uuid4().hex,

@@ -19,7 +19,8 @@ token loop, a reply cut by ``length`` still goes to the environment; if that end
 environment graded it), it is recorded both terminated and truncated (``truncated_by`` names the limit),
 and if not, the budget ends the episode (truncated, ``truncated_by="max_tokens"``) at the next turn.
 ``max_model_len`` is not used here (a hosted model's context is not known): a server that reports a
-context overflow ends the episode as truncated (``truncated_by="context"``).
+context overflow ends the episode as truncated (``truncated_by="context"``). An episode a limit cut is
+finished by an environment that offers :class:`~sao.envs.capabilities.CutGrading`, as in the token loop.
 """
 
 from __future__ import annotations

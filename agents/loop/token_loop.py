@@ -12,8 +12,12 @@ trajectory's ``max_tokens`` budget (or ``max_tokens_per_turn``), and the engine'
 (``max_model_len``), including an engine that reports a context overflow. A last answer cut by a
 token limit (``finish_reason == "length"``) still goes to the environment, which grades it, and
 the episode is recorded ``terminated=True`` (the environment ended it; its reward is final) and
-``truncated=True`` (a limit cut the answer), which Gymnasium allows together. The learner bootstraps
-only rows cut before the environment ended them (``truncated`` and not ``terminated``). An engine failure after
+``truncated=True`` (a limit cut the answer), which Gymnasium allows together. An episode a limit cut
+before the environment ended it is finished by the environment when it offers
+:class:`~sao.envs.capabilities.CutGrading` (SWE: its diff graded, "autosubmit") and recorded the
+same way, ``terminated`` and ``truncated``, its reward final; otherwise it stays ``truncated`` alone.
+The learner bootstraps only rows cut before the environment ended them (``truncated`` and not
+``terminated``). ``info["exit_status"]`` names why each episode ended (:mod:`.exits`). An engine failure after
 retries, or an exception from the environment, ends the episode as ``status="failed"`` with the
 cause (``failure``: an ``env_error`` when the environment's own code raised or broke its return
 contract, else an ``infra_error``; see :mod:`.env_calls`); it never crashes the run and never

@@ -70,12 +70,19 @@ Errors: agent failures vs infrastructure (``info["error"]``)
     endless loop, but it cannot be told apart from a slow machine, so it is reported, not
     graded as a failure.) A missing image raises at reset (:class:`InstanceImageError`).
 
-Episode ends
-    ``submit`` -> ``terminated``; ``max_format_errors`` consecutive turns without a usable tool
-    call -> ``terminated`` (exit status ``format_errors``); ``max_steps`` turns -> ``truncated``;
-    the agent's container failing -> ``truncated`` with ``error`` set and no grading. The others
-    are graded on the diff that exists, and the final info always holds ``correct``, ``answer`` (the diff, or None when
-    empty), ``error``, ``report``, ``patch`` and ``exit_status``.
+Episode ends (``info["exit_status"]``, the vocabulary of :mod:`sao.agents.loop.exits`)
+    ``submit`` -> ``terminated`` (``submitted``); ``max_format_errors`` consecutive turns without a
+    usable tool call -> ``terminated`` (``format_errors``); ``max_steps`` turns -> ``terminated`` and
+    ``truncated`` (``max_steps``: graded, so the reward is final, and a limit cut it); a limit of the
+    agent loop (turns, tokens, context) -> :meth:`SWEBenchEnv.finish_cut`, the environment's
+    :class:`~sao.envs.capabilities.CutGrading`, which the loop calls, recorded ``terminated`` and
+    ``truncated`` (exit status the limit: ``max_turns``, ``max_tokens``, ``context``); the agent's
+    container failing -> ``truncated`` with ``error`` set and no grading (``infra_error``). The
+    others are graded on the diff that exists ("autosubmit", as SWE-agent does); with
+    ``autosubmit=False`` only a submitted diff is graded and every other end scores as an empty patch
+    (as mini-swe-agent does; the diff is kept in ``unsubmitted_patch``). The final info always holds
+    ``correct``, ``answer`` (the diff, or None when empty), ``error``, ``report``, ``patch`` and
+    ``exit_status``.
 
 Scripted agents and grading of given patches
     ``--agent gold|empty`` and ``--grade-only`` reach :class:`SWEBenchEnv` through

@@ -10,17 +10,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sao.hints import did_you_mean
-from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxError, SandboxLimits
+from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxLimits
 
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
 from .episode import Episode, first_messages, run_tool_calls
-from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded
+from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded, unsubmitted
 from .images import ImageResolver, ResolvedImage, load_image_map
 from .instances import SWEInstance
 from .tools import SYSTEM_PROMPT, TOOLS, Workspace
-from .workspace import TESTBED, prepare_workspace, take_diff
+from .workspace import TESTBED, final_diff, prepare_workspace
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,14 @@ class SWEBenchEnv(TextEnv):
     ``pip install -e .``, which may need network for build dependencies, in which case pass
     ``grading_limits`` with ``network=True``. ``label``: the ``io.sao.sandbox`` label value of
     every container. ``hide_history``: remove every route to later commits (package docstring).
+    ``autosubmit``: an episode that ends without ``submit`` (the step limit, format errors, a limit of
+    the agent loop through :meth:`finish_cut`) has its diff graded, as SWE-agent does; with False it is
+    scored as an empty patch, as mini-swe-agent does (the diff kept in ``info["unsubmitted_patch"]``).
     """
 
     tools = TOOLS
-    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty` and `--grade-only`.
+    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty`, `--grade-only`, and
+    # (the method finish_cut) the end of an episode a limit of the agent loop cut.
     scripted_policies = staticmethod(baseline_policy)
     prediction_grader = staticmethod(grade_prediction)
 
@@ -58,7 +62,7 @@ class SWEBenchEnv(TextEnv):
                  limits: SandboxLimits | None = None, grading_limits: SandboxLimits | None = None,
                  observation_chars: int = 12_000,
                  max_patch_bytes: int = 2_000_000, label: str = LABEL_VALUE, hide_history: bool = True,
-                 system_prompt: str | None = SYSTEM_PROMPT, docker_client: Any = None,
+                 system_prompt: str | None = SYSTEM_PROMPT, docker_client: Any = None, autosubmit: bool = True,
                  render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         if not instances:
@@ -83,6 +87,7 @@ class SWEBenchEnv(TextEnv):
         self.grading_limits = grading_limits or self.limits
         self.observation_chars, self.max_patch_bytes = observation_chars, max_patch_bytes
         self.label, self.hide_history, self.system_prompt = label, hide_history, system_prompt
+        self.autosubmit = bool(autosubmit)
         self._client = docker_client
         self._own_client = docker_client is None
         self._resolver: ImageResolver | None = None
@@ -138,17 +143,21 @@ class SWEBenchEnv(TextEnv):
         obs = turn.observations
         ep.format_errors = 0 if turn.usable else ep.format_errors + 1
         if turn.failure:
-            return obs, 0.0, False, True, self._finish("agent_container_error", turn.failure)
-        if turn.submitted:
-            info = self._finish("submitted")
-            return obs, float(info["correct"]), True, False, info
-        if ep.format_errors >= self.max_format_errors:
-            info = self._finish("format_errors")
-            return obs, float(info["correct"]), True, False, info
-        if ep.steps >= self.max_steps:
-            info = self._finish("step_limit")
-            return obs, float(info["correct"]), False, True, info
-        return obs, 0.0, False, False, self._info()
+            return obs, 0.0, False, True, self._finish("infra_error", turn.failure)
+        ended = ("submitted" if turn.submitted else "format_errors" if ep.format_errors >= self.max_format_errors
+                 else "max_steps" if ep.steps >= self.max_steps else None)
+        if ended is None:
+            return obs, 0.0, False, False, self._info()
+        info = self._finish(ended)  # graded: the reward is final (terminated); the step limit cut it (truncated)
+        return obs, float(info["correct"]), True, ended == "max_steps", info
+
+    def finish_cut(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """:class:`~sao.envs.capabilities.CutGrading`: a limit of the agent loop (``reason``: ``max_turns``,
+        ``max_tokens``, ``context``, ...) cut the episode; end it as the step limit does: reward, final info."""
+        if self.workspace is None or self._episode is None or self.instance is None:
+            raise RuntimeError("no episode in progress (it ended, the last reset failed or the env was closed)")
+        info, self._done = self._finish(reason), True  # TextEnv's flag: no step after this
+        return float(info["correct"]), info
 
     def close(self) -> None:
         self._end_workspace()
@@ -177,21 +186,18 @@ class SWEBenchEnv(TextEnv):
                 "timing": _rounded(self._episode.timing) if self._episode else {}}
 
     def _finish(self, exit_status: str, error: str | None = None) -> dict[str, Any]:
-        """Take the diff, close the agent's container, grade; the final info."""
+        """Take the diff, close the agent's container, grade it (unless unsubmitted without autosubmit)."""
         assert self.instance is not None and self.workspace is not None and self._episode is not None
         ep, inst = self._episode, self.instance
-        patch: bytes | None = None
-        problem = ""
         started = time.monotonic()
-        if error is None:
-            try:
-                patch, problem = take_diff(self.workspace.sb, ep.baseline, max_bytes=self.max_patch_bytes)
-            except SandboxError as exc:
-                error = f"the agent's container failed while taking the diff: {exc}"
+        patch, problem, error = final_diff(self.workspace.sb, ep.baseline, self.max_patch_bytes, error)
         self._end_workspace()
         ep.timing["diff_s"] = time.monotonic() - started  # the diff and the agent's container's removal
         text = patch.decode("utf-8", errors="replace") if patch else ""
-        if error is not None or patch is None:
+        kept: dict[str, Any] = {}
+        if error is None and exit_status != "submitted" and not self.autosubmit:  # scored as an empty patch
+            kept, text, result = {"unsubmitted_patch": text}, "", unsubmitted(inst.instance_id, exit_status)
+        elif error is not None or patch is None:
             result = ungraded(inst.instance_id, patch is None, problem, error)
         else:
             result = self.grade_diff(inst, patch, ep.image.name)
@@ -199,7 +205,7 @@ class SWEBenchEnv(TextEnv):
         return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
                 "eval_error": result.eval_error,
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
-                "image_source": ep.image.source, "grading_log": result.log}
+                "image_source": ep.image.source, "grading_log": result.log, **kept}
 
     def resolve_image(self, inst: SWEInstance) -> ResolvedImage:
         """The image of ``inst`` (see :class:`ImageResolver`); raises :class:`InstanceImageError` when none works."""

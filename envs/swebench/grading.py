@@ -80,6 +80,13 @@ def ungraded(instance_id: str, patch_is_none: bool, problem: str, error: str | N
     return GradeResult(False, report, error)
 
 
+def unsubmitted(instance_id: str, exit_status: str) -> GradeResult:
+    """An episode that ended without ``submit`` (``exit_status``) while ``autosubmit`` is off: its diff is
+    not graded but scored as an empty patch, as mini-swe-agent scores a limit."""
+    return ungraded(instance_id, False, f"empty_patch: the episode ended without submit ({exit_status}) and "
+                                        "autosubmit is off: scored as an empty patch", None)
+
+
 def patch_files(patch: str) -> tuple[list[str], list[str]]:
     """``(existing, created)``: files a unified diff modifies/deletes, and files it creates."""
     from unidiff import PatchSet

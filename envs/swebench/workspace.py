@@ -131,3 +131,15 @@ def take_diff(sb: DockerSandbox, baseline: str, *, max_bytes: int) -> tuple[byte
         return None, f"patch_too_large: the diff has {size} bytes, over max_patch_bytes={max_bytes}"
     return (sb.read_file(out) if size else b""), ""
 
+
+
+def final_diff(sb: DockerSandbox, baseline: str, max_bytes: int,
+               error: str | None) -> tuple[bytes | None, str, str | None]:
+    """``(diff, problem, error)`` at an episode's end: :func:`take_diff`'s diff and problem, and ``error``
+    (an infrastructure error: then no diff is taken) or the container's failure while taking it."""
+    if error is not None:
+        return None, "", error
+    try:
+        return *take_diff(sb, baseline, max_bytes=max_bytes), None
+    except SandboxError as exc:
+        return None, "", f"the agent's container failed while taking the diff: {exc}"
