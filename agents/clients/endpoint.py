@@ -10,7 +10,8 @@ The context window (``max_model_len``): given, it is what a managed vLLM is star
 (None), a managed vLLM is started without ``--max-model-len`` and so takes the model's own
 (``max_position_embeddings`` of its ``config.json``, as vLLM derives it); the endpoint then holds what
 the server reports in ``/v1/models``. An external endpoint's is what it reports there, else the
-given one, else the model's ``config.json`` when it is local, else :data:`UNKNOWN_CONTEXT`.
+given one, else the model's ``config.json`` when it is local, else :data:`UNKNOWN_CONTEXT` (with a
+warning in tokens mode, where the loop counts on it).
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def open_endpoint(
         else:
             log.info("endpoint %s: %s mode, as asked", base_url, mode)
         local = _tokenizer_source(tokenizer or model) if mode == "tokens" else None
-        context = reported or max_model_len or model_context(local) or _unknown_context(base_url)
+        # chat mode: not used by the text loop (context_left is not known there), so no warning
+        context = reported or max_model_len or model_context(local) or (
+            _unknown_context(base_url) if mode == "tokens" else UNKNOWN_CONTEXT)
         yield Endpoint(base_url.rstrip("/"), model, local, context, api_key, managed=False, mode=mode)
         return
     if mode == "chat":
