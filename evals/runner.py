@@ -3,8 +3,11 @@
 Outputs in ``output/``:
 * ``trajectories.jsonl``, one line per episode, appended as episodes finish;
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
-* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, ...
-* ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``;
+* ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, the
+  budgets the episodes got (``budgets``: the benchmark's, :mod:`sao.envs.budgets`, unless a flag set one)
+  and the model's context window (``max_model_len``), ...
+* ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``,
+  and the budgets;
 * ``vllm.log`` when a local engine was started;
 * SWE benchmarks: ``preds.json`` and ``predictions.jsonl`` (the predictions in swebench's formats),
   ``report.json`` (the harness's run report), ``reports/ID.json`` and ``trajs/ID.traj.json``, per
