@@ -74,7 +74,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per arm")
     args = p.parse_args()
 
-    with open_endpoint(args.model, base_url=args.base_url) as endpoint:
+    # 4096: the context it was measured with (a managed engine would otherwise take the model's own)
+    with open_endpoint(args.model, base_url=args.base_url, max_model_len=4096) as endpoint:
         tokenizer = AutoTokenizer.from_pretrained(endpoint.tokenizer)
         renderer = ChatRenderer(tokenizer)
         task_ids = ArithmeticTasks(seed=0, difficulty=0.5).ids(args.requests)

@@ -236,8 +236,9 @@ def episodes_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                               startup_timeout_s=600.0)  # a loaded 2-core machine has taken over 300 s
     report: dict[str, Any] = {}
     with VLLMServer(config) as server:  # started here, stopped (whole process group) at the end
+        # the bundled model's sizes pinned (the benchmarks' own budgets: no token limit, SWE 50 turns)
         common = ["--base-url", server.base_url, "--model", "smollm2-135m", "--tokenizer", model,
-                  "--endpoint-mode", "tokens", "--seed", "0"]
+                  "--endpoint-mode", "tokens", "--seed", "0", "--max-turns", "50"]
         math_c = max(1, args.concurrency - args.swe_concurrency)
         runs = {
             "math": [str(BIN / "sao-eval"), args.math_env, *(["--data", str(args.math_data)] if args.math_data else []),
@@ -245,7 +246,7 @@ def episodes_phase(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                      "--concurrency", str(math_c), "--max-tokens", str(args.math_max_tokens), "--output", str(out / "math"), *common],
             "swe": [str(BIN / "sao-eval"), "swe-local", "--agent", "llm", "--samples", "64",
                     "--concurrency", str(args.swe_concurrency), "--max-steps", str(args.swe_max_steps),
-                    "--output", str(out / "swe"), *common],
+                    "--max-tokens", "1024", "--output", str(out / "swe"), *common],
         }
         if args.swe_concurrency == 0:
             del runs["swe"]

@@ -5,6 +5,7 @@ Gymnasium, as Gymnasium's own environment packages do, so ``gymnasium.make("sao/
 works after ``import sao.envs``.
 """
 
+from .budgets import Budgets
 from .checker import EnvConformanceError, check_env
 from .core import FINAL_INFO_KEYS, AssistantMessageSpace, Message, MessagesSpace, TextEnv
 from .errors import DatasetError, EnvError, TaskError, UnknownEnvError
@@ -13,6 +14,6 @@ from .registry import EnvEntry, entries, make, resolve
 entries()
 
 __all__ = [
-    "FINAL_INFO_KEYS", "AssistantMessageSpace", "DatasetError", "EnvConformanceError", "EnvEntry", "EnvError",
+    "FINAL_INFO_KEYS", "AssistantMessageSpace", "Budgets", "DatasetError", "EnvConformanceError", "EnvEntry", "EnvError",
     "Message", "MessagesSpace", "TaskError", "TextEnv", "UnknownEnvError", "check_env", "entries", "make", "resolve",
 ]

@@ -8,11 +8,17 @@ CLI (``beyond-aime``). Third-party packages add environments through the entry-p
     [project.entry-points."sao.envs"]
     countdown = "my_pkg.envs:CountdownEnv"      # gymnasium id: plugin/countdown-v0
 
+Each entry declares its episode budgets (:class:`~sao.envs.budgets.Budgets`: steps, turns, tokens,
+temperature), which ``sao-eval`` and ``sao-train`` read (:func:`budgets`). An entry without them (a
+plug-in's callable, or an ``EnvEntry`` that leaves ``budgets`` None) gets
+:func:`~sao.envs.budgets.default_budgets`: its ``max_episode_steps`` as turns (else 50), no token budget.
+
 Registration with Gymnasium is idempotent; :func:`entries` performs it on first use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +29,7 @@ import gymnasium as gym
 
 from sao.hints import did_you_mean
 
+from .budgets import ARITHMETIC, MATH, SWE_BENCH, SWE_LOCAL, Budgets, default_budgets
 from .errors import UnknownEnvError
 
 log = logging.getLogger(__name__)
@@ -41,27 +48,33 @@ class EnvEntry:
     max_episode_steps: int | None = None
     # "math" or "coding": picks the learner's defaults that differ by domain (DIS band, METHOD.md 1.8)
     domain: str = "math"
+    # what an episode may spend (sao.envs.budgets); None: default_budgets(max_episode_steps)
+    budgets: Budgets | None = None
+
+    def episode_budgets(self) -> Budgets:
+        """The declared budgets, or the default for an entry that declares none."""
+        return self.budgets if self.budgets is not None else default_budgets(self.max_episode_steps)
 
 
 BUILTINS = (
     EnvEntry("arithmetic", "sao/Arithmetic-v0", "sao.envs.arithmetic:arithmetic",
-             "generated + - * / problems; seeded, endless, with a difficulty knob"),
+             "generated + - * / problems; seeded, endless, with a difficulty knob", budgets=ARITHMETIC),
     EnvEntry("beyond-aime", "sao/BeyondAIME-v0", "sao.envs.math_envs:beyond_aime",
-             "BeyondAIME: 100 olympiad problems with integer answers"),
+             "BeyondAIME: 100 olympiad problems with integer answers", budgets=MATH),
     EnvEntry("imo-answerbench", "sao/IMO-AnswerBench-v0", "sao.envs.math_envs:imo_answerbench",
-             "IMO-AnswerBench v2: 400 problems with short answers"),
+             "IMO-AnswerBench v2: 400 problems with short answers", budgets=MATH),
     EnvEntry("swe-bench-verified", "sao/SWEBench-Verified-v0", "sao.envs.swebench:swe_bench_verified",
              "SWE-bench Verified: 500 GitHub issues, fixed with bash/editor tools in Docker, graded by their tests",
-             domain="coding"),
+             domain="coding", budgets=SWE_BENCH),
     EnvEntry("swe-bench-lite", "sao/SWEBench-Lite-v0", "sao.envs.swebench:swe_bench_lite",
              "SWE-bench Lite: 300 self-contained GitHub issues, graded by their tests in Docker",
-             domain="coding"),
+             domain="coding", budgets=SWE_BENCH),
     EnvEntry("swe-bench", "sao/SWEBench-Full-v0", "sao.envs.swebench:swe_bench_full",
              "SWE-bench (full test split): 2,294 GitHub issues, graded by their tests in Docker",
-             domain="coding"),
+             domain="coding", budgets=SWE_BENCH),
     EnvEntry("swe-local", "sao/SWELocal-v0", "sao.envs.swebench:swe_local",
              "6 small local repositories with real bugs in SWE-bench's schema; offline, needs Docker",
-             domain="coding"),
+             domain="coding", budgets=SWE_LOCAL),
 )
 
 
@@ -100,8 +113,7 @@ def _load() -> _Catalog:
 
 def _entry_from_plugin(name: str, obj: Any) -> EnvEntry:
     if isinstance(obj, EnvEntry):
-        return obj if obj.name == name else EnvEntry(name, obj.gym_id, obj.entry_point, obj.description,
-                                                      obj.kwargs, obj.max_episode_steps)
+        return obj if obj.name == name else dataclasses.replace(obj, name=name)
     if callable(obj):
         doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
         return EnvEntry(name, getattr(obj, "gym_id", f"plugin/{name}-v0"), obj, doc[0] if doc else "")
@@ -130,6 +142,12 @@ def resolve(name: str) -> EnvEntry:
         raise UnknownEnvError(catalog.broken[name])
     known = sorted(catalog.entries) + sorted(e.gym_id for e in catalog.entries.values())
     raise UnknownEnvError(f"unknown environment {name!r}.{did_you_mean(name, known)} Known: {', '.join(sorted(catalog.entries))}")
+
+
+def budgets(name: str) -> Budgets:
+    """The episode budgets of an environment, by short name or id (the module doc's default for an
+    entry that declares none)."""
+    return resolve(name).episode_budgets()
 
 
 def make(name: str, **kwargs: Any) -> gym.Env:

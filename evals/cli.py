@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import textwrap
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,24 @@ from .selection import parse_instance_ids, parse_slice
 console = Console(stderr=True)
 
 
+def budgets_epilog() -> str:
+    """The help's table of each benchmark's budgets (sao.envs.budgets), from the registry."""
+    rows = "\n".join(f"  {name}: {entry.episode_budgets().describe()}" for name, entry in entries().items())
+    head = textwrap.fill("Budgets by benchmark: --max-steps, --max-turns, --max-tokens, --max-tokens-per-turn and "
+                         "--temperature default to them, and a flag overrides. No token budget: only the model's "
+                         "context bounds the episode.", 78, break_on_hyphens=False)
+    tail = textwrap.fill("With no --base-url, the model is served by a local vLLM started for this run, with the "
+                         "model's own context window unless --max-model-len.", 78, break_on_hyphens=False)
+    return f"{head}\n{rows}\n\n{tail}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     names = ", ".join(sorted(entries()))
     p = argparse.ArgumentParser(
         prog="sao-eval",
         description=f"Evaluate a model on a benchmark. Benchmarks: {names}.",
-        epilog="With no --base-url, the model is served by a local vLLM started for this run.",
+        epilog=budgets_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("benchmark", help=f"benchmark name ({names}) or gymnasium id")
     p.add_argument("--agent", choices=["llm", "gold", "empty"], default="llm",
@@ -82,13 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None,
                    help="episodes in flight (default 32; for SWE benchmarks, whose episodes each hold a container, "
                         "what this machine holds: 2 per core, 1 per 2 GB of available memory)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="generated tokens per episode, all turns (default 1024)")
-    p.add_argument("--max-turns", type=int, default=50, help="model calls per episode (default 50, as in the paper)")
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature (default: the benchmark's, 1.0 for the built-ins; table below)")
+    p.add_argument("--max-tokens", type=int,
+                   help="generated tokens per episode, all turns together (default: the benchmark's budget; the "
+                        "built-ins have none: only the context bounds the episode)")
+    p.add_argument("--max-tokens-per-turn", type=int,
+                   help="generated tokens per model call at most (default: the benchmark's; the built-ins have "
+                        "none: whatever the budget and the context leave)")
+    p.add_argument("--max-turns", type=int,
+                   help="model calls per episode (default: the benchmark's: 300 for swe-bench-*, 50 for the math "
+                        "benchmarks as in the paper; table below)")
     p.add_argument("--tools", choices=["python"], help="offer the model a tool (math benchmarks: python)")
     p.add_argument("--sandbox", choices=["local", "docker"],
                    help="where tool code runs: local (bubblewrap when installed; default) or docker")
-    p.add_argument("--max-model-len", type=int, default=4096, help="context window of a local engine (default 4096)")
+    p.add_argument("--max-model-len", type=int,
+                   help="context window of a local engine (default: the model's own, max_position_embeddings of "
+                        "its config.json); with --base-url, used when the server reports none")
     p.add_argument("--seed", type=int, default=0,
                    help="seed for sampling, per episode derived from it, the task id and the sample; and for "
                         "--shuffle (default 0)")
@@ -97,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3; "
                         "with --replicas, per replica)")
     p.add_argument("--max-steps", type=int,
-                   help="SWE: tool steps before the episode is cut and graded (default 300, the paper's, for "
-                        "swe-bench-*; 50 for swe-local)")
+                   help="SWE: tool steps before the episode is cut and graded (default: the benchmark's: 300, "
+                        "the paper's, for swe-bench-*; 50 for swe-local)")
     p.add_argument("--image-map", type=Path, help="SWE: JSON file mapping instance_id to a Docker image")
     p.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
                    help="SWE: grade given patches instead of running agents, from a predictions file in swebench's "
@@ -166,26 +189,32 @@ def main(argv: list[str] | None = None) -> int:
             return interrupt_exit_code(exc)
 
 
+def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
+    """The run's configuration from the parsed flags; a budget flag left out is the benchmark's
+    (:meth:`EvalConfig._resolve_budgets`, from :mod:`sao.envs.budgets`)."""
+    return EvalConfig(
+        benchmark=args.benchmark, output=output, agent=args.agent, model=args.model, base_url=args.base_url, api_key=args.api_key,
+        tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
+        instance_ids=None if args.instance_ids is None else parse_instance_ids(args.instance_ids),
+        filter=args.filter, shuffle=args.shuffle, slice=None if args.slice is None else parse_slice(args.slice),
+        split=args.split,
+        concurrency=args.concurrency if args.concurrency is not None else default_concurrency(args.benchmark),
+        temperature=args.temperature, max_tokens=args.max_tokens,
+        max_tokens_per_turn=args.max_tokens_per_turn, max_turns=args.max_turns,  # None: the benchmark's
+        max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
+        resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
+        endpoint_mode=args.endpoint_mode,
+        speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
+        max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
+        env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
+                           images=None if args.image_map is None else str(args.image_map),
+                           autosubmit=args.autosubmit),
+    )
+
+
 def _run(args: argparse.Namespace, output: Path) -> int:
     try:
-        if args.concurrency is None:
-            args.concurrency = default_concurrency(args.benchmark)
-        cfg = EvalConfig(
-            benchmark=args.benchmark, output=output, agent=args.agent, model=args.model, base_url=args.base_url, api_key=args.api_key,
-            tokenizer=args.tokenizer, data=args.data, samples=args.samples, limit=args.limit,
-            instance_ids=None if args.instance_ids is None else parse_instance_ids(args.instance_ids),
-            filter=args.filter, shuffle=args.shuffle, slice=None if args.slice is None else parse_slice(args.slice),
-            split=args.split,
-            concurrency=args.concurrency, temperature=args.temperature, max_tokens=args.max_tokens,
-            max_turns=args.max_turns, max_model_len=args.max_model_len, seed=args.seed, timeout_s=args.timeout,
-            resume=args.resume, grade_only=None if args.grade_only is None else str(args.grade_only),
-            endpoint_mode=args.endpoint_mode,
-            speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
-            max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
-            env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
-                               images=None if args.image_map is None else str(args.image_map),
-                               autosubmit=args.autosubmit),
-        )
+        cfg = eval_config(args, output)
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                        console=console, transient=False)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # summary.json keys that come from the engines: a --resume with nothing left to run keeps them
 ENGINE_KEYS = ("speculative", "spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate", "engine",
-               "replicas", "router", "routing")
+               "replicas", "router", "routing", "max_model_len")
 
 
 @contextlib.contextmanager

@@ -49,6 +49,7 @@ class Player:
             self.client_args = dict(api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
                                     max_connections=cfg.concurrency)
             self.loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
+                                       max_tokens_per_turn=cfg.max_tokens_per_turn,
                                        max_model_len=first.max_model_len, temperature=cfg.temperature)
             if first.mode == "chat":  # the text loop: no tokenizer
                 self.client = OpenAIChatClient(first.base_url, first.model, **self.client_args)

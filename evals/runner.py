@@ -5,8 +5,10 @@ Outputs in ``output/``:
 * ``results.jsonl``, per task: ``task_id`` and the per-sample ``correct`` values;
 * ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, the
   episodes per ``exit_status`` (:mod:`sao.agents.loop.exits`; more than 5% cut by a limit: a warning,
-  :func:`cut_warning`) and ``autosubmit``, ...
-* ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``;
+  :func:`cut_warning`), ``autosubmit``, the budgets the episodes got (``budgets``: the benchmark's,
+  :mod:`sao.envs.budgets`, unless a flag set one) and the model's context window (``max_model_len``), ...
+* ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``,
+  and the budgets;
 * ``vllm.log`` when a local engine was started;
 * SWE benchmarks: ``preds.json`` and ``predictions.jsonl`` (the predictions in swebench's formats),
   ``report.json`` (the harness's run report), ``reports/ID.json`` and ``trajs/ID.traj.json``, per
@@ -68,11 +70,11 @@ log = logging.getLogger(__name__)
 # endpoint mode may change too: each trajectory records its own, and summary.json reports them.
 # The selection's fields (Selection.identity) and the seeding scheme are part of it too.
 _IDENTITY = ("benchmark", "agent", "model", "data", "split", "samples", "limit", "temperature", "max_tokens",
-             "max_turns", "seed", "env_args", "grade_only")
+             "max_tokens_per_turn", "max_turns", "seed", "env_args", "grade_only")
 SEEDS = "task_seed"  # episodes seeded by task id (sao.agents.loop.task_seed); before it, by position
 # what a run.json written before a field existed means by its absence
 _IDENTITY_BEFORE = {"split": None, "instance_ids": None, "filter": None, "shuffle": False, "slice": None,
-                    "seeds": "episode_seed"}
+                    "seeds": "episode_seed", "max_tokens_per_turn": None}
 AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
 
 
@@ -98,10 +100,13 @@ class EvalConfig:
     slice: Slice | None = None  # --slice START:END
     split: str | None = None  # --split: the environment's `split` argument
     concurrency: int = 32
-    temperature: float = 1.0
-    max_tokens: int = 1024
-    max_turns: int = 50
-    max_model_len: int = 4096
+    # The episode budgets: None is the benchmark's (sao.envs.budgets, resolved when the config is made);
+    # a resolved max_tokens or max_tokens_per_turn of None is no limit beyond the context
+    temperature: float | None = None
+    max_tokens: int | None = None
+    max_turns: int | None = None
+    max_tokens_per_turn: int | None = None
+    max_model_len: int | None = None  # a managed engine's context; None: the model's own (config.json)
     seed: int = 0
     timeout_s: float = 600.0
     resume: bool = False
@@ -114,6 +119,7 @@ class EvalConfig:
     router: str = "cache_aware"  # cache_aware | round_robin
 
     def __post_init__(self) -> None:
+        self._resolve_budgets()
         if self.speculative.enabled and self.base_url is not None:
             raise EvalError("--speculative starts a local vLLM with it; a server at --base-url was started with "
                             "its own --speculative-config")
@@ -123,8 +129,8 @@ class EvalConfig:
             raise EvalError(f"--endpoint-mode must be one of {ENDPOINT_MODES}, got {self.endpoint_mode!r}")
         if self.endpoint_mode == "chat" and self.base_url is None and self.agent == "llm" and self.grade_only is None:
             raise EvalError("--endpoint-mode chat needs --base-url: a local vLLM is run in tokens mode")
-        for name in ("samples", "concurrency", "max_tokens", "max_turns"):
-            if getattr(self, name) < 1:
+        for name in ("samples", "concurrency", "max_tokens", "max_turns", "max_tokens_per_turn", "max_model_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.agent not in AGENTS:
             raise EvalError(f"--agent must be one of {AGENTS}, got {self.agent!r}")
@@ -143,6 +149,20 @@ class EvalConfig:
         if self.replicas > 1 and (self.base_url is not None or self.agent != "llm" or self.grade_only is not None):
             raise EvalError("--replicas starts that many local vLLM engines for the model to play: it takes no "
                             "--base-url, --agent other than llm, or --grade-only")
+
+    def _resolve_budgets(self) -> None:
+        """Fill the budget fields left None with the benchmark's (an unknown benchmark fails here)."""
+        declared = resolve(self.benchmark).episode_budgets()
+        for name in ("temperature", "max_tokens", "max_turns", "max_tokens_per_turn"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(declared, name))
+
+    def budgets(self) -> dict[str, Any]:
+        """The budgets this run's episodes get (``summary.json`` and ``run.json``): the resolved fields,
+        and the environment's step limit (``--max-steps``, else the benchmark's; None: it has none)."""
+        steps = self.env_args.get("max_steps", resolve(self.benchmark).episode_budgets().max_steps)
+        return {"max_steps": steps, "max_turns": self.max_turns, "max_tokens": self.max_tokens,
+                "max_tokens_per_turn": self.max_tokens_per_turn, "temperature": self.temperature}
 
     def selection(self) -> Selection:
         return Selection(instance_ids=self.instance_ids, filter=self.filter, shuffle=self.shuffle, seed=self.seed,
@@ -249,7 +269,7 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
         if traj_file.exists() and traj_file.stat().st_size > 0:
             raise EvalError(f"{cfg.output} already holds trajectories; pass --resume to continue that run, "
                             "or choose another --output")
-        run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
+        run_file.write_text(json.dumps(cfg.identity() | {"budgets": cfg.budgets()}, indent=2) + "\n")
         return set()
     if run_file.exists():
         before = _IDENTITY_BEFORE | json.loads(run_file.read_text())
@@ -260,7 +280,7 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
                    "new --output") if "seeds" in changed else ""
             raise EvalError(f"--resume with a different configuration than {run_file} ({diff}){why}")
     else:
-        run_file.write_text(json.dumps(cfg.identity(), indent=2) + "\n")
+        run_file.write_text(json.dumps(cfg.identity() | {"budgets": cfg.budgets()}, indent=2) + "\n")
     return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if settled(t)}
 
 
@@ -372,6 +392,7 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict
         "mean_reward": sum(t.reward for t in done) / len(done) if done else 0.0,
         "temperature": cfg.temperature,
         "max_tokens": cfg.max_tokens,
+        "budgets": cfg.budgets(),  # what the episodes got: the benchmark's (sao.envs.budgets) or the flags'
         "seed": cfg.seed,
         "data": cfg.data,
     }
@@ -455,9 +476,11 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     done = prepare_output(cfg)
     before = previous_summary(cfg)
     pairs = [(t, s) for t in task_ids for s in range(cfg.samples) if (t, s) not in done]
-    rollout_s, engine = 0.0, None
+    rollout_s, engine, context = 0.0, None, {}
     if pairs:
         with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
+            # the model's context window: --max-model-len, else what the engine took (the model's own)
+            context = {"max_model_len": endpoints[0].max_model_len} if endpoints else {}
             hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
             # SWE: each episode's trajs/ file as it ends (swe_outputs); the rest at the end
             hooks = [h for h in (hook, swe_files(cfg).write_traj if patch_benchmark(cfg.benchmark) else None) if h]
@@ -466,7 +489,7 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
                 cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks])))
             rollout_s = time.monotonic() - t_rollout
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
-    summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs))
+    summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs)) | context
     if engine is not None:
         summary |= engine
     elif not pairs:  # nothing ran: the engine figures of the run that did the work stay

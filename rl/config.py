@@ -205,7 +205,8 @@ class EnvConfig:
     name: str = "arithmetic"
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
-    max_tokens: int = 256  # generated tokens per trajectory, all turns together
+    # generated tokens per trajectory, all turns together; None: no budget, engine.max_model_len bounds it
+    max_tokens: int | None = 256
     max_tokens_per_turn: int | None = None  # a cap on one turn's answer; None: what is left of max_tokens
     domain: str | None = None  # math | coding; None: the registry entry's (sao.envs.registry.EnvEntry.domain)
     # episodes of this env in flight at once in this process, over every replica (each coding episode
@@ -249,7 +250,7 @@ class ModelConfig:
     # attention is 10x slower in bf16 backward there: benchmarks/learner_speed.py), sdpa otherwise
     attn_implementation: str = "auto"
     # recompute each decoder layer in the backward pass (sao.rl.learner.activation_recompute): "auto" turns it on when
-    # a trajectory may exceed 1,024 tokens (engine.max_model_len > 1024 and env.max_tokens > 512: the
+    # a trajectory may exceed 1,024 tokens (engine.max_model_len > 1024 and env.max_tokens > 512 or null: the
     # coding envs), where activations, not weights, fill the memory; true / false force it
     activation_checkpointing: Any = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -605,9 +606,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("rollout=sync drives one engine; several engine.base_url URLs need a scheduled rollout mode")
     if cfg.engine.health_interval_s <= 0 or cfg.engine.health_failures < 1 or cfg.engine.max_restarts < 0:
         raise ConfigError("engine.health_interval_s must be > 0, engine.health_failures >= 1, engine.max_restarts >= 0")
-    if cfg.env.max_turns < 1 or cfg.env.max_tokens < 1:
-        raise ConfigError("env.max_turns and env.max_tokens must be >= 1")
-    if cfg.env.max_tokens >= cfg.engine.max_model_len:
+    if cfg.env.max_turns < 1 or (cfg.env.max_tokens is not None and cfg.env.max_tokens < 1):
+        raise ConfigError("env.max_turns and env.max_tokens must be >= 1 (env.max_tokens null: no budget)")
+    if cfg.env.max_tokens is not None and cfg.env.max_tokens >= cfg.engine.max_model_len:
         raise ConfigError(f"env.max_tokens ({cfg.env.max_tokens}) must be below engine.max_model_len "
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
     if cfg.eval.enabled and (cfg.eval.every < 0 or cfg.eval.problems < 1 or cfg.eval.concurrency < 1):
@@ -635,7 +636,7 @@ def validate_cluster(cfg: TrainConfig) -> None:
 def activation_checkpointing(cfg: TrainConfig) -> bool:
     """Whether the learner checkpoints activations (``model.activation_checkpointing``)."""
     if cfg.model.activation_checkpointing == "auto":
-        return cfg.env.max_tokens > 512 and cfg.engine.max_model_len > 1024
+        return (cfg.env.max_tokens is None or cfg.env.max_tokens > 512) and cfg.engine.max_model_len > 1024
     return bool(cfg.model.activation_checkpointing)
 
 

@@ -24,8 +24,12 @@ def test_every_registered_env_is_an_option():
 
 def test_a_generated_option_holds_only_the_entrys_defaults():
     entry = entries()["swe-bench"]
-    assert env_group.generated_option(entry) == {"name": "swe-bench", "kwargs": {}}
+    assert env_group.generated_option(entry) == {"name": "swe-bench", "kwargs": {}, "max_turns": 300,
+                                                 "max_tokens": None, "max_tokens_per_turn": None}
+    # an entry without budgets: its max_episode_steps as turns (else 50), no token budget
     assert env_group.generated_option(type(entry)("x", "x/X-v0", "m:f", max_episode_steps=5))["max_turns"] == 5
+    assert env_group.generated_option(type(entry)("x", "x/X-v0", "m:f")) == {
+        "name": "x", "kwargs": {}, "max_turns": 50, "max_tokens": None, "max_tokens_per_turn": None}
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

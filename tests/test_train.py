@@ -524,14 +524,22 @@ def test_the_dis_band_follows_the_environments_domain():
         composed("env.name=no-such-env")
 
 
-def test_swe_envs_cap_one_turns_answer() -> None:
+def test_the_demo_swe_task_caps_one_turns_answer_and_the_benchmarks_take_their_budgets() -> None:
+    """swe-local holds the bundled model's sizes (a 256-token cap a turn); SWE-bench and the math
+    benchmarks take the registry's budgets (sao.envs.budgets), sized for a real model."""
     from hydra import compose, initialize_config_module
 
     import sao.rl.cli.train as cli
+    from sao.envs.registry import budgets
 
     with initialize_config_module("sao.conf", version_base="1.3"):
-        for env in ("swe-local", "swe-bench-verified"):
-            assert cli.to_config(compose("config", overrides=[f"env={env}"])).env.max_tokens_per_turn == 256
+        local = cli.to_config(compose("config", overrides=["env=swe-local"])).env
+        assert (local.max_turns, local.max_tokens, local.max_tokens_per_turn, local.kwargs) == \
+            (8, 1024, 256, {"max_steps": 8})
+        for env in ("swe-bench-verified", "swe-bench-lite", "swe-bench", "beyond-aime", "imo-answerbench"):
+            got, declared = cli.to_config(compose("config", overrides=[f"env={env}"])).env, budgets(env)
+            assert (got.max_turns, got.max_tokens, got.max_tokens_per_turn) == \
+                (declared.max_turns, declared.max_tokens, declared.max_tokens_per_turn), env
         assert cli.to_config(compose("config")).env.max_tokens_per_turn is None  # arithmetic: one turn
     with pytest.raises(ValueError, match="max_tokens_per_turn"):
         LoopConfig(max_tokens_per_turn=0)

@@ -29,8 +29,10 @@ class OpenAIChatClient(TransportClient):
 
     async def chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
                    params: SamplingParams) -> ChatCompletion:
-        body: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": params.max_tokens,
-                                "temperature": params.temperature, "top_p": params.top_p}
+        body: dict[str, Any] = {"model": self.model, "messages": list(messages), "temperature": params.temperature,
+                                "top_p": params.top_p}
+        if params.max_tokens is not None:  # None: no budget, the server's context bounds the answer
+            body["max_tokens"] = params.max_tokens
         if tools:
             body["tools"] = list(tools)
             body["tool_choice"] = "auto"

@@ -20,7 +20,7 @@ __all__ = ["CompletionClient", "OpenAICompletionClient", "RetryPolicy", "Samplin
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int
+    max_tokens: int | None  # None: not sent, the server's context bounds the answer (chat; never the token loop)
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -47,6 +47,8 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
     the token route's ``sampling_params``)."""
     out: dict[str, Any] = {"max_tokens": params.max_tokens, "temperature": params.temperature,
                            "top_p": params.top_p, "logprobs": 0, "skip_special_tokens": True}
+    if params.max_tokens is None:
+        del out["max_tokens"]
     if params.seed is not None:
         out["seed"] = params.seed
     if params.stop:

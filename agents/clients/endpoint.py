@@ -5,11 +5,19 @@ agent loop; needs the model's tokenizer). ``chat``: ``/v1/chat/completions`` wit
 text loop; for endpoints that return no token ids, as hosted APIs do; needs no tokenizer, and its
 trajectories are not trainable). ``auto`` probes an external endpoint once (:mod:`.probe`); a
 managed vLLM always runs in ``tokens`` mode.
+
+The context window (``max_model_len``): given, it is what a managed vLLM is started with. Not given
+(None), a managed vLLM is started without ``--max-model-len`` and so takes the model's own
+(``max_position_embeddings`` of its ``config.json``, as vLLM derives it); the endpoint then holds what
+the server reports in ``/v1/models``. An external endpoint's is what it reports there, else the
+given one, else the model's ``config.json`` when it is local, else :data:`UNKNOWN_CONTEXT` (with a
+warning in tokens mode, where the loop counts on it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +37,10 @@ log = logging.getLogger(__name__)
 
 
 ENDPOINT_MODES = ("auto", "tokens", "chat")
+UNKNOWN_CONTEXT = 4096  # an external endpoint that reports no context, for a model without a local config
+# config.json keys that give a model's context, in vLLM's order (vllm.config.model._get_and_verify_max_len)
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                 "max_seq_length", "seq_len")
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ def open_endpoint(
     base_url: str | None = None,
     api_key: str | None = None,
     tokenizer: str | None = None,
-    max_model_len: int = 4096,
+    max_model_len: int | None = None,
     log_path: Path | None = None,
     startup_timeout_s: float = 600.0,
     mode: str = "tokens",
@@ -59,6 +71,7 @@ def open_endpoint(
     """Yield an :class:`Endpoint`; a managed server is stopped on exit, whatever happened.
 
     ``mode`` is one of :data:`ENDPOINT_MODES`. In chat mode no tokenizer is looked up or downloaded.
+    ``max_model_len``: the context window; None: the model's own (module doc).
     ``speculative``: how a managed server speculates (an external one was started with its own flags).
     """
     if mode not in ENDPOINT_MODES:
@@ -77,7 +90,10 @@ def open_endpoint(
         else:
             log.info("endpoint %s: %s mode, as asked", base_url, mode)
         local = _tokenizer_source(tokenizer or model) if mode == "tokens" else None
-        yield Endpoint(base_url.rstrip("/"), model, local, reported or max_model_len, api_key, managed=False, mode=mode)
+        # chat mode: not used by the text loop (context_left is not known there), so no warning
+        context = reported or max_model_len or model_context(local) or (
+            _unknown_context(base_url) if mode == "tokens" else UNKNOWN_CONTEXT)
+        yield Endpoint(base_url.rstrip("/"), model, local, context, api_key, managed=False, mode=mode)
         return
     if mode == "chat":
         raise ValueError("chat mode is for external endpoints (give a base URL); a local vLLM runs in tokens mode")
@@ -89,7 +105,41 @@ def open_endpoint(
     config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
                               log_path=log_path, startup_timeout_s=startup_timeout_s, speculative=speculative)
     with VLLMServer(config) as server:
-        yield Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True, server=server)
+        context = max_model_len or served_context(server.base_url, model, path)
+        yield Endpoint(server.base_url, model, tokenizer or path, context, None, managed=True, server=server)
+
+
+def served_context(base_url: str, model: str, path: str) -> int:
+    """The context a managed vLLM started without ``--max-model-len`` took: what it reports in
+    ``/v1/models``, else the model's ``config.json`` (what vLLM derives it from)."""
+    try:
+        reported = _served_max_len(base_url, None, model)
+    except EngineError as exc:
+        log.warning("%s; the context is read from the model's config.json instead", exc)
+        reported = None
+    return reported or model_context(path) or _unknown_context(base_url)
+
+
+def model_context(path: str | None) -> int | None:
+    """The context window in a local model directory's ``config.json`` (or its ``text_config``); None
+    when there is no such file or key."""
+    if path is None or not (Path(path) / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for node in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            if isinstance(node.get(key), int) and node[key] > 0:
+                return node[key]
+    return None
+
+
+def _unknown_context(base_url: str) -> int:
+    log.warning("the context window of %s is not known (not in /v1/models, no local config.json); %d is assumed: "
+                "pass --max-model-len", base_url, UNKNOWN_CONTEXT)
+    return UNKNOWN_CONTEXT
 
 
 def _tokenizer_source(name: str) -> str:

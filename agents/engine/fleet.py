@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clients import Endpoint, OpenAICompletionClient
+from ..clients.endpoint import served_context
 from ..routing import RoutedReplica, RoutingClient, make_router
 from .control import EngineClient
 from .speculative import SpeculativeConfig
@@ -28,10 +29,11 @@ from .watch import watching
 
 
 @contextlib.contextmanager
-def open_replicas(model: str, n: int, *, max_model_len: int = 4096, log_dir: Path | None = None,
+def open_replicas(model: str, n: int, *, max_model_len: int | None = None, log_dir: Path | None = None,
                   startup_timeout_s: float = 600.0, speculative: SpeculativeConfig | None = None,
                   tokenizer: str | None = None) -> Iterator[list[Endpoint]]:
-    """``n`` managed endpoints of ``model`` (module doc); logs in ``log_dir/vllm-{i}.log``."""
+    """``n`` managed endpoints of ``model`` (module doc); logs in ``log_dir/vllm-{i}.log``. ``max_model_len``
+    None: each takes the model's own context (as :func:`~sao.agents.clients.endpoint.open_endpoint`)."""
     if n < 1:
         raise ValueError(f"replicas must be >= 1, got {n}")
     from ..models.prepare import ensure_model
@@ -46,7 +48,8 @@ def open_replicas(model: str, n: int, *, max_model_len: int = 4096, log_dir: Pat
                                       startup_timeout_s=startup_timeout_s,
                                       speculative=speculative or SpeculativeConfig(), env=cpu_share(i, n))
             server = stack.enter_context(VLLMServer(config))
-            endpoints.append(Endpoint(server.base_url, model, tokenizer or path, max_model_len, None, managed=True,
+            context = max_model_len or served_context(server.base_url, model, path)
+            endpoints.append(Endpoint(server.base_url, model, tokenizer or path, context, None, managed=True,
                                       server=server))
         yield endpoints
 

@@ -80,7 +80,7 @@ class VLLMServerConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
     dtype: str = "bfloat16"
-    max_model_len: int = 4096
+    max_model_len: int | None = 4096  # None: not passed, vLLM takes the model's own (max_position_embeddings)
     kv_cache_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE (vLLM parses it as a whole number)
     gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
     extra_args: tuple[str, ...] = ()
@@ -98,8 +98,8 @@ class VLLMServerConfig:
         object.__setattr__(self, "kv_cache_gib", int(gib))  # 1.0 -> 1: vLLM parses the variable with int()
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535 (0: pick a free one), not {self.port}")
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, not {self.max_model_len}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive or None (the model's), not {self.max_model_len}")
 
     def command(self, port: int) -> list[str]:
         cmd = [
@@ -109,8 +109,9 @@ class VLLMServerConfig:
             "--host", self.host,
             "--port", str(port),
             "--dtype", self.dtype,
-            "--max-model-len", str(self.max_model_len),
         ]
+        if self.max_model_len is not None:
+            cmd += ["--max-model-len", str(self.max_model_len)]
         if self.gpu_memory_utilization is not None and _cuda_present():
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.token_route:

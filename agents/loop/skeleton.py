@@ -2,7 +2,7 @@
 
     obs, info = env.reset(seed, task_id);  sampler.observe(obs)
     repeat up to max_turns:
-        room = min(per-turn cap, budget left, context left)    # none left: truncated
+        room = min(per-turn cap, budget left, context left)    # none left: truncated; no budget: the context
         reply = sampler.sample(messages so far, room)           # a context overflow: truncated
         obs, reward, terminated, truncated, info = env.step(assistant message of reply)
         if the episode ended: stop
@@ -47,18 +47,19 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class LoopConfig:
     max_turns: int = 8
-    max_tokens: int = 1024  # generated tokens per trajectory, all turns together
-    max_tokens_per_turn: int | None = None  # None: whatever is left of max_tokens
+    max_tokens: int | None = 1024  # generated tokens per trajectory, all turns together; None: no budget
+    max_tokens_per_turn: int | None = None  # None: whatever is left of max_tokens (and of the context)
     max_model_len: int = 4096  # the engine's context window
     temperature: float = 1.0
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tokens", "max_model_len"):
+        for name in ("max_turns", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
-            raise ValueError(f"max_tokens_per_turn must be >= 1 or None, got {self.max_tokens_per_turn}")
+        for name in ("max_tokens", "max_tokens_per_turn"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
 
 
 Clock = Callable[[], float]  # seconds since the episode started
@@ -135,10 +136,11 @@ async def _play(env: gym.Env, sampler: TurnSampler, cfg: LoopConfig, ep: _Progre
     sampler.observe(obs)
     per_turn = cfg.max_tokens_per_turn or cfg.max_tokens
     for turn in range(cfg.max_turns):
-        budget_left, context_left = cfg.max_tokens - ep.generated, sampler.context_left()
-        room = min(per_turn, budget_left) if context_left is None else min(per_turn, budget_left, context_left)
-        if room <= 0:
-            ep.truncated_by = "max_tokens" if ep.generated >= cfg.max_tokens else "context"
+        budget_left = None if cfg.max_tokens is None else cfg.max_tokens - ep.generated
+        context_left = sampler.context_left()
+        room = smallest(per_turn, budget_left, context_left)
+        if room is not None and room <= 0:
+            ep.truncated_by = "max_tokens" if budget_left is not None and budget_left <= 0 else "context"
             return
         params = SamplingParams(max_tokens=room, temperature=cfg.temperature, top_p=cfg.top_p,
                                 seed=turn_seed(seed, turn))
@@ -223,15 +225,23 @@ async def run_turns(env: gym.Env, sampler: TurnSampler, cfg: LoopConfig, *, env_
     )
 
 
-def length_cut(cfg: LoopConfig, *, budget_left: int, context_left: int | None = None) -> str:
+def smallest(*limits: int | None) -> int | None:
+    """The tightest of a turn's limits (per-turn cap, budget left, context left); None where none is
+    known (no budget, no cap, a context the sampler cannot count): the server's own context bounds it."""
+    known = [n for n in limits if n is not None]
+    return min(known) if known else None
+
+
+def length_cut(cfg: LoopConfig, *, budget_left: int | None, context_left: int | None = None) -> str:
     """The limit that cut a turn which ended at its ``max_tokens`` (``finish_reason == "length"``): the
-    smallest of the episode's budget left, the per-turn cap and the context left (the budget on a tie)."""
-    room = {"max_tokens": budget_left}
+    smallest of the episode's budget left, the per-turn cap and the context left (the budget on a tie);
+    the context when none of them is known."""
+    room = {} if budget_left is None else {"max_tokens": budget_left}
     if cfg.max_tokens_per_turn is not None:
         room["max_tokens_per_turn"] = cfg.max_tokens_per_turn
     if context_left is not None:
         room["context"] = context_left
-    return min(room, key=room.__getitem__)
+    return min(room, key=room.__getitem__) if room else "context"
 
 
 def final_info(info: dict[str, Any], *, status: str, error: str | None, truncated_by: str | None) -> dict[str, Any]:

@@ -19,7 +19,8 @@ token loop, a reply cut by ``length`` still goes to the environment; if that end
 environment graded it), it is recorded both terminated and truncated (``truncated_by`` names the limit),
 and if not, the budget ends the episode (truncated, ``truncated_by="max_tokens"``) at the next turn.
 ``max_model_len`` is not used here (a hosted model's context is not known): a server that reports a
-context overflow ends the episode as truncated (``truncated_by="context"``). An episode a limit cut is
+context overflow ends the episode as truncated (``truncated_by="context"``). With no budget and no
+per-turn cap (``max_tokens=None``), a request names no ``max_tokens``: the server's context bounds it. An episode a limit cut is
 finished by an environment that offers :class:`~sao.envs.capabilities.CutGrading`, as in the token loop.
 """
 
@@ -77,11 +78,13 @@ async def run_text_episode(env: gym.Env, client: ChatClient, cfg: LoopConfig,
     return await run_turns(env, ChatSampler(client, getattr(env.unwrapped, "tools", ())), cfg, **episode)
 
 
-def spent_tokens(reply: ChatCompletion, requested: int) -> int:
-    """Tokens one reply takes from the budget (see the module docstring)."""
+def spent_tokens(reply: ChatCompletion, requested: int | None) -> int:
+    """Tokens one reply takes from the budget (see the module docstring); ``requested`` None: the
+    request named no ``max_tokens`` (no budget), and only the estimate counts."""
     if reply.completion_tokens is not None:
         return reply.completion_tokens
-    if reply.finish_reason == "length":
+    if reply.finish_reason == "length" and requested is not None:
         return requested
     chars = len(reply.text) + sum(len(json.dumps(c, default=str)) for c in reply.tool_calls)
-    return min(requested, max(1, math.ceil(chars / CHARS_PER_TOKEN)))
+    estimate = max(1, math.ceil(chars / CHARS_PER_TOKEN))
+    return estimate if requested is None else min(requested, estimate)

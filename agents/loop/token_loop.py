@@ -9,7 +9,8 @@
 
 Limits end an episode as *truncated* (``info["truncated_by"]`` says which): ``max_turns``, the
 trajectory's ``max_tokens`` budget (or ``max_tokens_per_turn``), and the engine's context
-(``max_model_len``), including an engine that reports a context overflow. A last answer cut by a
+(``max_model_len``), including an engine that reports a context overflow. Without a budget
+(``max_tokens=None``) a turn may take whatever the context has left. A last answer cut by a
 token limit (``finish_reason == "length"``) still goes to the environment, which grades it, and
 the episode is recorded ``terminated=True`` (the environment ended it; its reward is final) and
 ``truncated=True`` (a limit cut the answer), which Gymnasium allows together. An episode a limit cut

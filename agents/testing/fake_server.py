@@ -173,13 +173,14 @@ class FakeServer:
 
     def chat_body(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         """A ``/v1/chat/completions`` answer: no token ids; a reply longer than ``max_tokens`` is cut
-        (``finish_reason`` "length", its tool calls dropped)."""
+        (``finish_reason`` "length", its tool calls dropped). A request without ``max_tokens`` is not cut:
+        chat servers bound it by the model's context only."""
         ids = list(self.tokenizer.encode(reply.text))
         calls = list(reply.tool_calls)
-        limit = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
+        limit = request.get("max_tokens") or request.get("max_completion_tokens")
         finish = "tool_calls" if calls else reply.finish_reason
-        if len(ids) > limit:
-            ids, calls, finish = ids[:limit], [], "length"
+        if limit is not None and len(ids) > int(limit):
+            ids, calls, finish = ids[:int(limit)], [], "length"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
         if calls:

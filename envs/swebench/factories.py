@@ -10,12 +10,14 @@ from typing import Any
 
 from sao.sandboxes import SandboxLimits
 
+from ..budgets import SWE_BENCH, SWE_LOCAL
 from .env import SWEBenchEnv
 from .instances import HUB_SOURCES, load_instances
 
 
-PAPER_MAX_STEPS = 300
-"""Turns per SWE-bench episode in the SAO paper's setting (METHOD.md); ``max_steps=`` changes it."""
+PAPER_MAX_STEPS = SWE_BENCH.max_steps
+"""Steps per SWE-bench episode in the SAO paper's setting (METHOD.md), as the registry's budgets
+declare them (:data:`sao.envs.budgets.SWE_BENCH`); ``max_steps=`` changes it."""
 
 
 def _hub_env(kind: str, data: str | os.PathLike | None, split: str, kwargs: dict[str, Any]) -> SWEBenchEnv:
@@ -71,6 +73,7 @@ def swe_local(data: str | os.PathLike | None = None, **kwargs: Any) -> SWEBenchE
         with _local_build_lock:
             data = build_local_tasks()
     kwargs.setdefault("name", "swe-local")
+    kwargs.setdefault("max_steps", SWE_LOCAL.max_steps)
     kwargs.setdefault("eval_timeout_s", 300.0)
     kwargs.setdefault("limits", SandboxLimits(cpus=1.0, memory_mb=1024, pids=256, network=False,
                                               output_limit_bytes=256_000,

@@ -1,11 +1,15 @@
 """The ``env`` config group of ``sao-train`` holds every registered environment.
 
 ``conf/env/NAME.yaml`` gives an environment its training settings (arithmetic's seed and splits, a
-SWE env's turn limits). A registered environment without such a file (a plug-in of the ``sao.envs``
-entry-point group, say) is an option too: :func:`register_options` stores one for it in Hydra's
-ConfigStore, with its name, no ``kwargs`` (the constructor's own defaults), the schema's limits
-(``max_turns`` from the registry entry's ``max_episode_steps`` when it has one) and no
-``heldout_kwargs`` (no held-out evaluation; the run's log says so).
+SWE env's steps). A benchmark's file takes its episode limits from the registry's budgets
+(:mod:`sao.envs.budgets`) through the ``sao.budget`` resolver (``${sao.budget:${env.name},max_turns}``,
+:func:`budget`), so that they are declared once; the demo tasks' files (``arithmetic``, ``swe-local``) hold
+the bundled small model's sizes. A registered environment without such a file (a plug-in of the
+``sao.envs`` entry-point group, say) is an option too: :func:`register_options` stores one for it in
+Hydra's ConfigStore, with its name, no ``kwargs`` (the constructor's own defaults), the limits of its
+budgets (:meth:`~sao.envs.registry.EnvEntry.episode_budgets`: declared, else its ``max_episode_steps``
+as turns, or 50, and no token budget) and no ``heldout_kwargs`` (no held-out evaluation; the run's log
+says so).
 
 Before Hydra composes, :func:`rewrite_overrides` reads the command line: an ``env=`` value that no
 environment has stops the run with a suggestion (unless ``hydra.searchpath`` adds a config folder,
@@ -38,12 +42,23 @@ def file_options() -> frozenset[str]:
     return frozenset(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+BUDGET_KEYS = ("max_turns", "max_tokens", "max_tokens_per_turn")  # what the loop takes from the env's budgets
+
+
 def generated_option(entry: EnvEntry) -> dict[str, Any]:
-    """The ``env`` option of an environment without a file: its name and its own defaults."""
-    node: dict[str, Any] = {"name": entry.name, "kwargs": {}}
-    if entry.max_episode_steps:
-        node["max_turns"] = entry.max_episode_steps
-    return node
+    """The ``env`` option of an environment without a file: its name, its own defaults and budgets."""
+    budgets = entry.episode_budgets()
+    return {"name": entry.name, "kwargs": {}, **{key: getattr(budgets, key) for key in BUDGET_KEYS}}
+
+
+def budget(name: str, key: str) -> Any:
+    """One limit of an environment's budgets (``sao.budget`` resolver): ``key`` one of :data:`BUDGET_KEYS`
+    or ``max_steps``."""
+    from sao.envs.registry import resolve
+
+    if key not in (*BUDGET_KEYS, "max_steps"):
+        raise ConfigError(f"sao.budget: no budget {key!r}; one of {', '.join((*BUDGET_KEYS, 'max_steps'))}")
+    return getattr(resolve(name).episode_budgets(), key)
 
 
 def register_options() -> list[str]:

@@ -64,6 +64,8 @@ if not OmegaConf.has_resolver("sao.or"):
     OmegaConf.register_new_resolver("sao.or", lambda value, default: default if value in (None, "") else value)
 if not OmegaConf.has_resolver("sao.sweep_dirname"):
     OmegaConf.register_new_resolver("sao.sweep_dirname", lambda overrides: sweep_dirname(list(overrides)))
+if not OmegaConf.has_resolver("sao.budget"):  # ${sao.budget:NAME,KEY}: the env's budget (conf/env/*.yaml)
+    OmegaConf.register_new_resolver("sao.budget", lambda name, key: env_group.budget(name, key))
 # The schema holds the algorithms' common base; each conf/algo/NAME.yaml starts from schema/algo/NAME, that
 # algorithm's own config (ALGO_CONFIGS), so algo=NAME makes the node NAME's and refuses options NAME lacks.
 ConfigStore.instance().store(name="train_schema", node=TrainConfig(algo=AlgoConfig()))

@@ -36,7 +36,10 @@ def test_sao_eval_restarts_a_killed_vllm_and_finishes_every_episode_once(tmp_pat
     require_vllm()
     out = tmp_path / "run"
     log = (tmp_path / "stderr.log").open("wb")
+    # the bundled model's sizes, pinned (the benchmark's budgets have no token limit and a managed engine
+    # takes the model's own 8,192-token context)
     proc = subprocess.Popen([SAO_EVAL, "arithmetic", "--limit", "16", "--samples", "2", "--concurrency", "8",
+                             "--max-tokens", "1024", "--max-turns", "50", "--max-model-len", "4096",
                              "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=log, env=no_compile_env())
     seen: dict[int, object] = {}  # every vLLM process of this run, to check at the end that none is left
