@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import sys
 import textwrap
@@ -119,19 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=3,
                    help="restarts of the local vLLM when it dies mid-run; the episodes it cut run again (default 3; "
                         "with --replicas, per replica)")
-    p.add_argument("--max-steps", type=int,
-                   help="SWE: tool steps before the episode is cut and graded (default: the benchmark's: 300, "
-                        "the paper's, for swe-bench-*; 50 for swe-local)")
-    p.add_argument("--image-map", type=Path, help="SWE: JSON file mapping instance_id to a Docker image")
-    p.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
-                   help="SWE: grade given patches instead of running agents, from a predictions file in swebench's "
-                        "formats: jsonl (instance_id, model_patch on each line), a JSON list of such objects, or "
-                        "preds.json's object keyed by instance_id")
-    p.add_argument("--no-autosubmit", dest="autosubmit", action="store_const", const=False, default=None,
-                   help="SWE: score an episode that ends without submit (cut by --max-turns, --max-tokens, the "
-                        "context, --max-steps, or format errors) as an empty patch, as mini-swe-agent does. By "
-                        "default its working tree's diff is graded (autosubmit, as SWE-agent does). The "
-                        "environment's autosubmit=False (sao-train: +env.kwargs.autosubmit=false)")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="keyword argument for the environment, value parsed as JSON when it can be "
                         "(e.g. --env-arg difficulty=0.5); repeatable")
@@ -153,7 +141,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="output folder (default runs/eval/BENCHMARK-TIMESTAMP)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output, skipping finished episodes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # the SWE benchmarks' options; SWE_FLAGS maps those of --pull-timeout on to the environment's arguments
+    g = p.add_argument_group("SWE-bench", textwrap.fill(
+        "For the SWE benchmarks (swe-bench-verified, swe-bench-lite, swe-bench, swe-local). A flag that sets a "
+        "keyword argument of the environment (named in its help) is refused together with --env-arg for that "
+        "argument; --pull-timeout and the flags after it are refused for any other benchmark.",
+        76, break_on_hyphens=False))
+    g.add_argument("--max-steps", type=int, metavar="N",
+                   help="tool steps before the episode is cut and graded (default: the benchmark's: 300, "
+                        "the paper's, for swe-bench-*; 50 for swe-local; max_steps)")
+    g.add_argument("--image-map", type=Path, metavar="FILE",
+                   help="JSON file mapping instance_id to a Docker image, the only image tried for "
+                        "that instance (images)")
+    g.add_argument("--grade-only", type=Path, metavar="PREDICTIONS",
+                   help="grade given patches instead of running agents, from a predictions file in swebench's "
+                        "formats: jsonl (instance_id, model_patch on each line), a JSON list of such objects, or "
+                        "preds.json's object keyed by instance_id")
+    g.add_argument("--no-autosubmit", dest="autosubmit", action="store_const", const=False, default=None,
+                   help="score an episode that ends without submit (cut by --max-turns, --max-tokens, the "
+                        "context, --max-steps, or format errors) as an empty patch, as mini-swe-agent does. By "
+                        "default its working tree's diff is graded (autosubmit, as SWE-agent does). The "
+                        "environment's autosubmit=False (sao-train: +env.kwargs.autosubmit=false)")
+    g.add_argument("--pull-timeout", type=float, metavar="S",
+                   help="give up pulling an image after S seconds without progress (default 30; the environment's "
+                        "pull_timeout_s)")
+    g.add_argument("--no-pull", dest="pull", action="store_const", const=False, default=None,
+                   help="never pull an image: use the images this machine has, or builds with --build-images "
+                        "(pull=false)")
+    g.add_argument("--build-images", dest="build_images", action="store_const", const=True, default=None,
+                   help="build an instance's image with swebench's own builders when no image is found; needs the "
+                        "network and takes long (build=true; default: do not build)")
+    g.add_argument("--no-hide-history", dest="hide_history", action="store_const", const=False, default=None,
+                   help="WEAKENS THE BENCHMARK: keep the repository's commits after base_commit in the agent's and "
+                        "the grader's containers, where the agent can read the fix (git log --all); scores are "
+                        "then not comparable to SWE-bench's. For checking an image only (hide_history=false; "
+                        "default: the later history is removed)")
+    g.add_argument("--command-timeout", type=float, metavar="S",
+                   help="seconds one command of the agent's bash tool may run (default 120; 60 for swe-local; "
+                        "command_timeout_s)")
+    g.add_argument("--eval-timeout", type=float, metavar="S",
+                   help="seconds the test run of a grading may take; past it the grading is an infrastructure "
+                        "error (default 1800; 300 for swe-local; eval_timeout_s)")
+    g.add_argument("--max-format-errors", type=int, metavar="N",
+                   help="consecutive replies without a usable tool call that end the episode (default 3; "
+                        "max_format_errors)")
     return p
+
+
+SWE_FLAGS: dict[str, tuple[str, str]] = {
+    # argparse dest: (the SWE environment's keyword argument, the flag); refused for other benchmarks
+    "pull_timeout": ("pull_timeout_s", "--pull-timeout"),
+    "pull": ("pull", "--no-pull"),
+    "build_images": ("build", "--build-images"),
+    "hide_history": ("hide_history", "--no-hide-history"),
+    "command_timeout": ("command_timeout_s", "--command-timeout"),
+    "eval_timeout": ("eval_timeout_s", "--eval-timeout"),
+    "max_format_errors": ("max_format_errors", "--max-format-errors"),
+}
+"""The SWE-bench group's environment flags (envs/swebench/env.py ``SWEBenchEnv``); each is also
+``--env-arg KWARG=VALUE``, and giving both is refused."""
 
 
 def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
@@ -163,13 +209,37 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+FLAG_OF = {"tools": "--tools", "sandbox": "--sandbox", "max_steps": "--max-steps", "images": "--image-map",
+           "autosubmit": "--no-autosubmit", **dict(SWE_FLAGS.values())}
+"""The environment keyword argument each flag sets, as the flag is named in messages."""
+
+
 def _env_args(pairs: list[str], **flags: Any) -> dict[str, Any]:
-    """The flags that are set, then ``--env-arg`` pairs as sao-env reads them (sao.envs.cli.env_args)."""
+    """The flags that are set, and the ``--env-arg`` pairs as sao-env reads them (sao.envs.cli.env_args);
+    a keyword argument set by both is refused."""
     try:
         parsed = env_args(pairs)
     except ValueError as exc:
         raise EvalError(str(exc)) from None
-    return {**{k: v for k, v in flags.items() if v is not None}, **parsed}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if both := sorted(given.keys() & parsed.keys()):
+        raise EvalError("; ".join(f"{FLAG_OF.get(k, k)} and --env-arg {k}={json.dumps(parsed[k])} both set {k}"
+                                  for k in both) + ": give each once")
+    return {**given, **parsed}
+
+
+def _swe_env_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The SWE-bench group's environment keyword arguments that are set (:data:`SWE_FLAGS`); refused
+    for a benchmark that is not a SWE one."""
+    given = {kwarg: getattr(args, dest) for dest, (kwarg, _) in SWE_FLAGS.items() if getattr(args, dest) is not None}
+    if given:
+        from sao.envs.registry import resolve
+
+        if resolve(args.benchmark).domain != "coding":
+            flags = ", ".join(flag for dest, (kwarg, flag) in SWE_FLAGS.items() if kwarg in given)
+            swe = ", ".join(name for name, entry in entries().items() if entry.domain == "coding")
+            raise EvalError(f"{flags}: for the SWE benchmarks only ({swe}); {args.benchmark} is not one")
+    return given
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +278,7 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
         max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
         env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                            images=None if args.image_map is None else str(args.image_map),
-                           autosubmit=args.autosubmit),
+                           autosubmit=args.autosubmit, **_swe_env_args(args)),
     )
 
 
