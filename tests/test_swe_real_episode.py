@@ -174,6 +174,9 @@ def test_a_40_turn_episode_with_no_budget_flags_resolves_uncut(instance, tmp_pat
     assert all("max_tokens" not in r and "max_completion_tokens" not in r for r in run["requests"])  # no cap sent
     tool_outputs = [len(m.get("content") or "") for m in t.messages if m["role"] == "tool"]
     assert sum(n >= 5000 for n in tool_outputs) >= 5, tool_outputs  # long outputs (cat of real sources)
+    # the fake server counts a byte a token and checks no context; at ~4 characters a token (an estimate, not
+    # a check of a real tokenizer) the last request's transcript fits the 64k the endpoint reports
+    assert t.turns[-1].prompt_tokens / 4 < CONTEXT, t.turns[-1].prompt_tokens
     assert changed_lines(t.info["patch"]) == changed_lines(instance["row"]["patch"])  # the gold change
     assert run["preds"][ONE]["model_patch"] == t.info["patch"] and run["preds"][ONE]["exit_status"] == "submitted"
     assert run["report"]["resolved_ids"] == [ONE] and run["traj"]["exit_status"] == "submitted"
