@@ -4,8 +4,10 @@ that ``--grade-only`` reads.
 
 In ``--output`` (``S`` below: the sample index, ``sample`` in ``trajectories.jsonl``, 0 to N-1):
 
-* ``preds.json``: ``{instance_id: {"instance_id", "model_name_or_path", "model_patch"}}``, the object
-  that ``python -m swebench.harness.run_evaluation --predictions_path preds.json`` and sb-cli read;
+* ``preds.json``: ``{instance_id: {"instance_id", "model_name_or_path", "model_patch", "exit_status"}}``,
+  the object that ``python -m swebench.harness.run_evaluation --predictions_path preds.json`` and sb-cli
+  read (the harness reads the first three and ignores ``exit_status``: how the episode ended, as
+  mini-swe-agent's preds.json says it, e.g. ``submitted`` or ``max_turns``);
 * ``predictions.jsonl``: the same predictions, one a line, each with its ``sample`` too;
 * ``report.json``: the harness's run report (the keys of ``swebench.harness.reporting.make_run_report``,
   ``schema_version`` 2) from sao's own grading, see :func:`run_report`;
@@ -37,7 +39,7 @@ import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +65,18 @@ class Outcome:
     kind: str
     patch: str  # "" for an empty patch; an error's patch is kept here but written nowhere
     error: str | None = None
+    exit_status: str | None = field(default=None, compare=False)  # the episode's (info), for preds.json
 
     @classmethod
     def of(cls, t: Trajectory) -> Outcome:
         patch = t.info.get("patch") or ""
         patch = patch if isinstance(patch, str) else str(patch)
-        error = error_kind(t)
+        error, ended = error_kind(t), t.info.get("exit_status")
         if error is not None:
-            return cls(t.task_id, t.sample, "error", patch, error)
+            return cls(t.task_id, t.sample, "error", patch, error, ended)
         if not patch.strip():  # no diff (also one a limit cut before it was taken): as the harness counts it
-            return cls(t.task_id, t.sample, "empty_patch", "")
-        return cls(t.task_id, t.sample, "resolved" if t.correct else "unresolved", patch)
+            return cls(t.task_id, t.sample, "empty_patch", "", exit_status=ended)
+        return cls(t.task_id, t.sample, "resolved" if t.correct else "unresolved", patch, exit_status=ended)
 
 
 def error_kind(t: Trajectory) -> str | None:
@@ -96,10 +99,11 @@ class Prediction:
     instance_id: str
     model_name_or_path: str
     model_patch: str
+    exit_status: str | None = None  # how the episode ended (trajectory info's); the harness ignores it
 
-    def harness(self) -> dict[str, str]:
+    def harness(self) -> dict[str, str | None]:
         return {"instance_id": self.instance_id, "model_name_or_path": self.model_name_or_path,
-                "model_patch": self.model_patch}
+                "model_patch": self.model_patch, "exit_status": self.exit_status}
 
 
 def patch_benchmark(benchmark: str) -> bool:
@@ -235,7 +239,7 @@ class SweFiles:
     def write_sample(self, sample: int, instance_ids: Sequence[str], outcomes: Mapping[str, Outcome]) -> None:
         """One sample's ``preds.json``, ``predictions.jsonl`` and ``report.json`` (per-sample names with
         several samples); the episodes that could not be judged have no prediction."""
-        preds = [Prediction(i, self.model_name_or_path, o.patch) for i, o in sorted(outcomes.items())
+        preds = [Prediction(i, self.model_name_or_path, o.patch, o.exit_status) for i, o in sorted(outcomes.items())
                  if o.kind != "error"]
         write_atomic(self.path("preds", ".json", sample),
                      json.dumps({p.instance_id: p.harness() for p in preds}, indent=2) + "\n")

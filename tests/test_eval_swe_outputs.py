@@ -22,7 +22,7 @@ HARNESS_KEYS = {"total_instances", "submitted_instances", "completed_instances",
                 "unresolved_instances", "empty_patch_instances", "error_instances", "completed_ids",
                 "incomplete_ids", "empty_patch_ids", "submitted_ids", "resolved_ids", "unresolved_ids", "error_ids",
                 "schema_version"}
-PRED_KEYS = {"instance_id", "model_name_or_path", "model_patch"}
+PRED_KEYS = {"instance_id", "model_name_or_path", "model_patch", "exit_status"}  # the harness ignores the last
 
 
 def episode(instance_id: str, sample: int = 0, *, patch: str | None = PATCH, correct: bool = False, status: str = "ok",
@@ -79,6 +79,7 @@ def test_preds_json_predictions_jsonl_and_the_run_report(tmp_path: Path):
     assert list(preds) == ["a", "b", "c"]  # the errors are absent: never an empty patch in their place
     assert all(set(p) == PRED_KEYS and p["model_name_or_path"] == "org/model" for p in preds.values())
     assert [preds[i]["model_patch"] for i in "abc"] == [PATCH, PATCH, ""]
+    assert [preds[i]["exit_status"] for i in "abc"] == ["submitted"] * 3  # each episode's, from its info
     rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert rows == [{**preds[i], "sample": 0} for i in "abc"]
     report = json.loads((tmp_path / "report.json").read_text())

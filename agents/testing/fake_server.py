@@ -13,7 +13,8 @@ echoes ``prompt_token_ids`` and ``token_ids`` on ``/v1/completions`` as vLLM doe
 ``/v1/chat/completions`` answers as hosted APIs do: text, native ``tool_calls`` (a reply's
 ``tool_calls``) and ``usage`` (unless ``usage=False``), and never token ids. ``chat_only=True``
 makes the server a hosted chat model: ``/v1/completions`` answers 404 without taking a reply.
-``metrics`` (a callable returning Prometheus text) serves ``GET /metrics`` as vLLM does (404 without).
+``metrics`` (a callable returning Prometheus text) serves ``GET /metrics`` as vLLM does (404 without);
+``max_model_len`` is listed in ``GET /v1/models``' model card, as vLLM lists its context.
 The responder of a chat request gets the messages rendered as ChatML text (tool calls included).
 Note that ``sao-eval``'s ``--endpoint-mode auto`` probe is a ``/v1/completions`` request: on a
 server that is not ``chat_only`` it takes a reply like any other request.
@@ -63,6 +64,7 @@ class FakeServer:
     port: int = 0  # 0: a free one (kept across kill() and restart())
     chat_only: bool = False  # /v1/completions answers 404, as for a hosted chat model
     metrics: Callable[[], str] | None = None  # GET /metrics answers its Prometheus text; None: 404
+    max_model_len: int | None = None  # listed in /v1/models' model card as vLLM does; None: not listed
 
     def __post_init__(self) -> None:
         self._script = deque(self.script)
@@ -227,7 +229,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics" and self.fake.metrics is not None:
             self._send(200, self.fake.metrics().encode(), "text/plain; version=0.0.4")
         elif self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": self.fake.model, "object": "model"}]}).encode())
+            card: dict[str, Any] = {"id": self.fake.model, "object": "model"}
+            if self.fake.max_model_len is not None:
+                card["max_model_len"] = self.fake.max_model_len
+            self._send(200, json.dumps({"object": "list", "data": [card]}).encode())
         else:
             self._send(404, b'{"error": {"message": "not found"}}')
 
