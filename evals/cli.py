@@ -24,6 +24,7 @@ from sao.envs.cli import env_args
 
 from .runner import EvalConfig, EvalError, cut_warning, evaluate
 from .selection import parse_instance_ids, parse_slice
+from .swe_outputs import patch_benchmark
 
 console = Console(stderr=True)
 
@@ -232,13 +233,10 @@ def _swe_env_args(args: argparse.Namespace) -> dict[str, Any]:
     """The SWE-bench group's environment keyword arguments that are set (:data:`SWE_FLAGS`); refused
     for a benchmark that is not a SWE one."""
     given = {kwarg: getattr(args, dest) for dest, (kwarg, _) in SWE_FLAGS.items() if getattr(args, dest) is not None}
-    if given:
-        from sao.envs.registry import resolve
-
-        if resolve(args.benchmark).domain != "coding":
-            flags = ", ".join(flag for dest, (kwarg, flag) in SWE_FLAGS.items() if kwarg in given)
-            swe = ", ".join(name for name, entry in entries().items() if entry.domain == "coding")
-            raise EvalError(f"{flags}: for the SWE benchmarks only ({swe}); {args.benchmark} is not one")
+    if given and not patch_benchmark(args.benchmark):
+        flags = ", ".join(flag for dest, (kwarg, flag) in SWE_FLAGS.items() if kwarg in given)
+        swe = ", ".join(name for name in entries() if patch_benchmark(name))
+        raise EvalError(f"{flags}: for the SWE benchmarks only ({swe}); {args.benchmark} is not one")
     return given
 
 
@@ -337,10 +335,9 @@ def _report_problems(summary: dict[str, Any]) -> int:
 
 def default_concurrency(benchmark: str) -> int:
     """32 episodes, or for a coding benchmark (each episode holds a container) what the machine holds."""
-    from sao.envs.registry import resolve
     from sao.sandboxes import container_slots
 
-    if resolve(benchmark).domain != "coding":
+    if not patch_benchmark(benchmark):
         return 32
     slots = container_slots()
     console.print(f"concurrency {slots}: the containers this machine holds (--concurrency to change)")
