@@ -39,6 +39,7 @@ import inspect
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -269,7 +270,7 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
         if traj_file.exists() and traj_file.stat().st_size > 0:
             raise EvalError(f"{cfg.output} already holds trajectories; pass --resume to continue that run, "
                             "or choose another --output")
-        run_file.write_text(json.dumps(cfg.identity() | {"budgets": cfg.budgets()}, indent=2) + "\n")
+        write_run_file(cfg, run_file)
         return set()
     if run_file.exists():
         before = _IDENTITY_BEFORE | json.loads(run_file.read_text())
@@ -280,8 +281,13 @@ def prepare_output(cfg: EvalConfig) -> set[tuple[str, int]]:
                    "new --output") if "seeds" in changed else ""
             raise EvalError(f"--resume with a different configuration than {run_file} ({diff}){why}")
     else:
-        run_file.write_text(json.dumps(cfg.identity() | {"budgets": cfg.budgets()}, indent=2) + "\n")
+        write_run_file(cfg, run_file)
     return {(t.task_id, t.sample) for t in read_trajectories(traj_file) if settled(t)}
+
+
+def write_run_file(cfg: EvalConfig, run_file: Path) -> None:
+    """``run.json``: the run's identity (checked on ``--resume``) and the budgets its episodes get."""
+    run_file.write_text(json.dumps(cfg.identity() | {"budgets": cfg.budgets()}, indent=2) + "\n")
 
 
 def settled(t: Trajectory) -> bool:
@@ -418,10 +424,7 @@ def episode_exit_status(t: Trajectory) -> str:
 def exits_summary(cfg: EvalConfig, done: list[Trajectory]) -> dict[str, Any]:
     """``exit_status``: episodes per exit status; ``autosubmit``: whether an episode that ended without
     submitting (a limit cut it) had its diff graded (the SWE environments' ``autosubmit``, ``--no-autosubmit``)."""
-    counts: dict[str, int] = {}
-    for t in done:
-        status = episode_exit_status(t)
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter(episode_exit_status(t) for t in done)
     return {"exit_status": dict(sorted(counts.items())), "autosubmit": bool(cfg.env_args.get("autosubmit", True))}
 
 
