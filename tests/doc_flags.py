@@ -101,7 +101,7 @@ def snippets(path: Path, text: str | None = None) -> Iterator[Snippet]:
     while i < len(lines):
         fence = re.match(r"^\s*(```+|~~~+)(\S*)", lines[i])
         if fence:
-            start, marker = i, fence.group(1)
+            marker = fence.group(1)
             i += 1
             block: list[tuple[int, str]] = []
             while i < len(lines) and not lines[i].strip().startswith(marker):
@@ -111,7 +111,6 @@ def snippets(path: Path, text: str | None = None) -> Iterator[Snippet]:
             if fence.group(2) in ("python", "toml", "json", "yaml", "jsonl"):
                 continue  # code and data, not command lines
             yield from _logical_lines(path, block)
-            del start
             continue
         for m in re.finditer(r"(?<!`)`([^`\n]+)`(?!`)", lines[i]):
             yield Snippet(path, i + 1, m.group(1), inline=True)
@@ -145,16 +144,13 @@ def words(text: str) -> list[str]:
 
 # ---- what exists ---------------------------------------------------------------------------------------
 
-def _hook() -> Any:
+@cache
+def hook() -> Any:
+    """``docs/hooks/cli_reference.py``, the mkdocs hook that knows each command's parser."""
     spec = importlib.util.spec_from_file_location("cli_reference", REPO / "docs" / "hooks" / "cli_reference.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
-
-
-@cache
-def hook() -> Any:
-    return _hook()
 
 
 @cache
@@ -313,7 +309,7 @@ def _command_at(ws: list[str], i: int) -> tuple[str, str | None, int] | None:
     if base in hook().COMMANDS:
         return "argparse", base, 1
     if base in ("python", "python3") or w.endswith("/bin/python"):
-        if i + 2 < len(ws) + 1 and i + 1 < len(ws):
+        if i + 1 < len(ws):
             nxt = ws[i + 1]
             if nxt == "-m" and i + 2 < len(ws):
                 name = f"python -m {ws[i + 2]}"
