@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from sao.agents import AgentError, Trajectory
@@ -22,6 +22,7 @@ from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_a
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 
+from .live import Board, BoardProgress
 from .runner import EvalConfig, EvalError, cut_warning, evaluate
 from .selection import parse_instance_ids, parse_slice
 from .swe_outputs import patch_benchmark
@@ -283,9 +284,10 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
 def _run(args: argparse.Namespace, output: Path) -> int:
     try:
         cfg = eval_config(args, output)
-        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                       console=console, transient=False)
+        board = Board()  # the episodes in flight: a status line each under the bar (instance, step, elapsed)
+        bar = BoardProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                            board=board, samples=cfg.samples > 1, console=console, transient=False)
         with contextlib.ExitStack() as shown:  # the bar appears when episodes start: an early error stays one line
             state = {"n": 0, "c": 0}
 
@@ -300,7 +302,7 @@ def _run(args: argparse.Namespace, output: Path) -> int:
 
                 return done
 
-            summary = evaluate(cfg, progress=start)
+            summary = evaluate(cfg, progress=start, board=board)
     except EngineRestartsExhausted as exc:
         console.print(f"[red]{exc}[/]; finished episodes are in {output}; continue with --resume --output {output}")
         return 1

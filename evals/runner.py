@@ -29,7 +29,8 @@ loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no toke
 on the chat API (:func:`~sao.agents.run_text_episode`). Grading, pass@k, resume and the SWE outputs
 are the same in both; ``summary.json`` says which mode the episodes ran in. Who plays an episode (the
 model, a scripted agent, a given prediction) is :class:`~.players.Player`'s part; :func:`run_pairs` runs
-the episodes side by side and records each.
+the episodes side by side and records each; with a :class:`~.live.Board`, each episode in flight is on it
+(sao-eval's status lines).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from sao.envs.registry import BUILTINS
 
 from .engines import ENGINE_KEYS, measured, open_engines
 from .errors import EvalError
+from .live import Board, watched
 from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
 from .players import Player, load_predictions
@@ -312,6 +314,7 @@ async def run_pairs(
     pairs: list[tuple[str, int]],
     writer: TrajectoryWriter,
     on_done: Callable[[Trajectory], None] = lambda t: None,
+    board: Board | None = None,
 ) -> dict[str, Any]:
     """Run the (task id, sample) pairs with bounded concurrency, writing each as it ends; an episode's
     sampling seed is :func:`~sao.agents.loop.task_seed` of its task id and sample, whatever was selected.
@@ -319,6 +322,7 @@ async def run_pairs(
     With an ``endpoint`` the model plays; without one, the environment's scripted agent ``cfg.agent``.
     Several endpoints (``--replicas``): each episode's requests are placed by ``cfg.router``
     (:mod:`sao.agents.routing.client`), and what the routing did is returned (empty otherwise).
+    With a ``board``, each episode in flight is on it, its environment steps counted (:mod:`.live`).
     """
     quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-eval itself (sao.agents.interrupts)
     endpoints = [] if endpoint is None else [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
@@ -330,8 +334,9 @@ async def run_pairs(
         started = time.monotonic()
         seed = task_seed(cfg.seed, task_id, sample)
         try:
-            async with opened(env_name, env_kwargs) as env:
-                return await player.play(env, task_id, sample, seed)
+            with watched(board, task_id, sample) as wrap:
+                async with opened(env_name, env_kwargs) as env:
+                    return await player.play(wrap(env), task_id, sample, seed)
         except INFRASTRUCTURE as exc:  # the environment could not be made (no Docker daemon, say): recorded
             return unplayed(env_name, task_id, sample, seed, exc, time.monotonic() - started)
 
@@ -470,9 +475,10 @@ def swe_files(cfg: EvalConfig) -> SweFiles:
     return SweFiles(cfg.output, cfg.samples, model_name_or_path(cfg.agent, cfg.model, cfg.grade_only))
 
 
-def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajectory], None]] | None = None
-             ) -> dict[str, Any]:
-    """Run (or resume) an evaluation and write its outputs. ``progress(total, done)`` returns a per-episode hook."""
+def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajectory], None]] | None = None,
+             board: Board | None = None) -> dict[str, Any]:
+    """Run (or resume) an evaluation and write its outputs. ``progress(total, done)`` returns a per-episode
+    hook; ``board`` shows the episodes in flight (:mod:`.live`, sao-eval's status lines)."""
     t0 = time.monotonic()
     check_output(cfg.output)
     task_ids, env_kwargs = plan(cfg)
@@ -489,7 +495,7 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
             hooks = [h for h in (hook, swe_files(cfg).write_traj if patch_benchmark(cfg.benchmark) else None) if h]
             t_rollout = time.monotonic()
             engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
-                cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks])))
+                cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks], board)))
             rollout_s = time.monotonic() - t_rollout
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
     summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs)) | context

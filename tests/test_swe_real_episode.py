@@ -22,6 +22,8 @@ the three), so they are in the default tier.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -130,15 +132,19 @@ def instance(docker_client) -> dict[str, Any]:
     return {"rows": out / "instances.jsonl", "map": out / "images.json", "row": row}
 
 
-def sao_eval(instance: dict[str, Any], out: Path, *flags: str) -> dict[str, Any]:
+def sao_eval(instance: dict[str, Any], out: Path, *flags: str, terminal: bool = False) -> dict[str, Any]:
     """``sao-eval swe-bench-verified --data ROWS --image-map MAP --base-url URL --model NAME`` (and ``flags``)
-    against the scripted endpoint; what it wrote, its stderr and its wall time."""
+    against the scripted endpoint; what it wrote, its stderr and its wall time. ``terminal``: rich is told
+    that stderr is an interactive terminal (``TTY_COMPATIBLE``, ``TTY_INTERACTIVE``), so the live display
+    is drawn into it as on a user's screen."""
+    tty = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "160"} if terminal else {}
     with FakeServer(responder=realistic_episode(instance["row"]["patch"]), chat_only=True, model="org/hosted-64k",
                     max_model_len=CONTEXT) as server:
         start = time.monotonic()
         proc = subprocess.run([SAO_EVAL, "swe-bench-verified", "--data", str(instance["rows"]), "--image-map",
                                str(instance["map"]), "--base-url", server.base_url, "--model", "org/hosted-64k",
-                               *flags, "--output", str(out)], capture_output=True, text=True, timeout=900)
+                               *flags, "--output", str(out)], capture_output=True, text=True, timeout=900,
+                              env=os.environ | tty)
         wall = time.monotonic() - start
         requests = list(server.requests)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -161,8 +167,14 @@ def test_a_40_turn_episode_with_no_budget_flags_resolves_uncut(instance, tmp_pat
 
         with open_endpoint("m", base_url=probe.base_url, mode="auto") as endpoint:
             assert (endpoint.mode, endpoint.max_model_len) == ("chat", CONTEXT)
-    run = sao_eval(instance, tmp_path / "out")
+    run = sao_eval(instance, tmp_path / "out", terminal=True)
     t, summary = run["t"], run["summary"]
+    # the live status line of the one worker, redrawn while it ran: instance, steps so far, elapsed time
+    status = [(int(n), m * 60 + s) for n, m, s in
+              (tuple(map(int, g)) for g in re.findall(rf"{ONE}  step (\d+)  (\d+):(\d\d)  \((?:starting|model|env)\)",
+                                                         run["stderr"]))]
+    assert len(status) >= 3 and status == sorted(status), status[:50]  # steps and time only grow
+    assert status[-1][0] >= TURNS // 2 and status[-1][1] >= 1, status[-5:]
     assert summary["pass@k"]["1"] == 1.0 and summary["resolved"] == 1 and summary["mode"] == "text"
     assert summary["n_truncated"] == 0 and summary["exit_status"] == {"submitted": 1}, summary
     assert summary["budgets"]["max_turns"] == 300 and summary["budgets"]["max_tokens"] is None, summary["budgets"]
