@@ -187,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-format-errors", type=int, metavar="N",
                    help="consecutive replies without a usable tool call that end the episode (default 3; "
                         "max_format_errors)")
+    g.add_argument("--cpus", type=float, metavar="N",
+                   help="CPUs of each container, the agent's and the grader's (default 2; limits.cpus). swebench's "
+                        "run_instance sets no limit")
+    g.add_argument("--memory-mb", type=int, metavar="MB",
+                   help="memory of each container, swap included, in MiB (default 4096; limits.memory_mb). "
+                        "swebench's run_instance sets no limit")
+    g.add_argument("--pids", type=int, metavar="N",
+                   help="processes each container may hold (default 1024; limits.pids)")
+    g.add_argument("--grading-network", dest="grading_network", action="store_const", const=True, default=None,
+                   help="give the grading container network access, as swebench's run_instance does "
+                        "(grading_limits.network). By default it has none: the agent's code runs there when the "
+                        "tests import it, and could fetch the fix. For an eval script that must download "
+                        "(a reinstall with build dependencies)")
     return p
 
 
@@ -203,6 +216,16 @@ SWE_FLAGS: dict[str, tuple[str, str]] = {
 """The SWE-bench group's environment flags (envs/swebench/env.py ``SWEBenchEnv``); each is also
 ``--env-arg KWARG=VALUE``, and giving both is refused."""
 
+LIMIT_FLAGS: dict[str, tuple[str, str, str]] = {
+    # argparse dest: (the environment's keyword argument, the SandboxLimits field it overrides, the flag)
+    "cpus": ("limits", "cpus", "--cpus"),
+    "memory_mb": ("limits", "memory_mb", "--memory-mb"),
+    "pids": ("limits", "pids", "--pids"),
+    "grading_network": ("grading_limits", "network", "--grading-network"),
+}
+"""The SWE-bench group's container limits: each kwarg (``limits``, ``grading_limits``) gets a mapping of
+the fields its flags set (``SandboxLimits.overridden``); ``--env-arg limits={...}`` is the same kwarg."""
+
 
 def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
     try:
@@ -212,7 +235,9 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 FLAG_OF = {"tools": "--tools", "sandbox": "--sandbox", "max_steps": "--max-steps", "images": "--image-map",
-           "autosubmit": "--no-autosubmit", **dict(SWE_FLAGS.values())}
+           "autosubmit": "--no-autosubmit", **dict(SWE_FLAGS.values()),
+           **{kwarg: "/".join(f for _, (k, _, f) in LIMIT_FLAGS.items() if k == kwarg)
+              for kwarg, _, _ in LIMIT_FLAGS.values()}}
 """The environment keyword argument each flag sets, as the flag is named in messages."""
 
 
@@ -231,11 +256,15 @@ def _env_args(pairs: list[str], **flags: Any) -> dict[str, Any]:
 
 
 def _swe_env_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The SWE-bench group's environment keyword arguments that are set (:data:`SWE_FLAGS`); refused
-    for a benchmark that is not a SWE one."""
+    """The SWE-bench group's environment keyword arguments that are set (:data:`SWE_FLAGS`, and the
+    container limits of :data:`LIMIT_FLAGS`); refused for a benchmark that is not a SWE one."""
     given = {kwarg: getattr(args, dest) for dest, (kwarg, _) in SWE_FLAGS.items() if getattr(args, dest) is not None}
+    for dest, (kwarg, field, _) in LIMIT_FLAGS.items():
+        if getattr(args, dest) is not None:
+            given.setdefault(kwarg, {})[field] = getattr(args, dest)
     if given and not patch_benchmark(args.benchmark):
-        flags = ", ".join(flag for dest, (kwarg, flag) in SWE_FLAGS.items() if kwarg in given)
+        flags = ", ".join([flag for dest, (kwarg, flag) in SWE_FLAGS.items() if kwarg in given]
+                          + [flag for dest, (_, _, flag) in LIMIT_FLAGS.items() if getattr(args, dest) is not None])
         swe = ", ".join(name for name in entries() if patch_benchmark(name))
         raise EvalError(f"{flags}: for the SWE benchmarks only ({swe}); {args.benchmark} is not one")
     return given

@@ -13,9 +13,11 @@ decoded as UTF-8 with ``errors="replace"`` (binary output never raises), and cap
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 TIMEOUT_EXIT_CODE = 124
 """Exit code of a command killed for running past its time limit (as coreutils ``timeout``)."""
@@ -66,6 +68,21 @@ class SandboxLimits:
             problems.append(f"default_timeout_s must be > 0 (got {self.default_timeout_s})")
         if problems:
             raise ValueError("invalid SandboxLimits: " + "; ".join(problems))
+
+    def overridden(self, given: SandboxLimits | Mapping[str, Any] | None) -> SandboxLimits:
+        """``given`` where it says something, these limits elsewhere: a :class:`SandboxLimits` replaces
+        them, a mapping (from a command line or a config: ``{"cpus": 4}``) overrides the fields it
+        names, None keeps them. An unknown field is a ValueError that lists the known ones."""
+        if given is None:
+            return self
+        if isinstance(given, SandboxLimits):
+            return given
+        if not isinstance(given, Mapping):
+            raise ValueError(f"limits must be a SandboxLimits or a mapping of its fields, got {type(given).__name__}")
+        known = [f.name for f in dataclasses.fields(self)]
+        if unknown := sorted(set(given) - set(known)):
+            raise ValueError(f"unknown sandbox limit(s) {unknown}; the limits are {known}")
+        return dataclasses.replace(self, **given)
 
     def timeout_for(self, timeout_s: float | None) -> float:
         """The time limit of one command: ``timeout_s`` or the default; must be positive."""

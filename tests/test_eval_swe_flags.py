@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sao.envs.swebench.env import SWEBenchEnv
-from sao.evals.cli import SWE_FLAGS, build_parser, eval_config, main
+from sao.evals.cli import LIMIT_FLAGS, SWE_FLAGS, build_parser, eval_config, main
 from sao.evals.runner import EvalError
 
 # flag and its value on the command line -> the environment's keyword argument and value
@@ -85,6 +85,52 @@ def test_help_shows_the_swe_bench_group():
     text = build_parser().format_help()
     group = text[text.index("\nSWE-bench:\n"):]
     for flag in ("--max-steps", "--image-map", "--grade-only", "--no-autosubmit",
-                 *(flag for _, flag in SWE_FLAGS.values())):
+                 *(flag for _, flag in SWE_FLAGS.values()), *(flag for _, _, flag in LIMIT_FLAGS.values())):
         assert f"\n  {flag}" in group, flag
     assert "WEAKENS THE BENCHMARK" in group[group.index("--no-hide-history"):]
+
+
+# -- the containers' limits: --cpus, --memory-mb, --pids (both containers), --grading-network --------------
+
+
+def test_limit_flags_become_partial_limits_that_the_environment_overrides_its_defaults_with(tmp_path):
+    got = env_args(tmp_path, "swe-bench-lite", "--cpus", "4", "--memory-mb", "8192", "--pids", "2048",
+                   "--grading-network")
+    assert got == {"limits": {"cpus": 4.0, "memory_mb": 8192, "pids": 2048}, "grading_limits": {"network": True}}
+    # the same as --env-arg, which takes JSON
+    assert env_args(tmp_path, "swe-bench-lite", "--env-arg", 'limits={"cpus": 4, "memory_mb": 8192, "pids": 2048}',
+                    "--env-arg", 'grading_limits={"network": true}') == got
+    env = SWEBenchEnv([_instance()], **got)
+    assert (env.limits.cpus, env.limits.memory_mb, env.limits.pids, env.limits.network) == (4.0, 8192, 2048, False)
+    # the grader's: the agent's limits, with network
+    assert (env.grading_limits.cpus, env.grading_limits.memory_mb, env.grading_limits.network) == (4.0, 8192, True)
+    assert env.limits.default_timeout_s == env.command_timeout_s  # the fields not named keep their defaults
+    plain = SWEBenchEnv([_instance()])
+    assert (plain.limits.cpus, plain.limits.memory_mb, plain.limits.network, plain.grading_limits.network) == \
+        (2.0, 4096, False, False)
+
+
+def test_a_bad_limit_is_refused_with_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown sandbox limit\(s\) \['cores'\]; the limits are \['cpus'"):
+        SWEBenchEnv([_instance()], limits={"cores": 4})
+    with pytest.raises(ValueError, match="cpus must be > 0"):
+        SWEBenchEnv([_instance()], limits={"cpus": 0})
+    with pytest.raises(EvalError, match="^--cpus: for the SWE benchmarks only"):
+        env_args(tmp_path, "arithmetic", "--cpus", "2")
+    with pytest.raises(EvalError, match="^--grading-network: for the SWE benchmarks only"):
+        env_args(tmp_path, "arithmetic", "--grading-network")
+    with pytest.raises(EvalError, match=r"^--cpus/--memory-mb/--pids and --env-arg limits=\{\"pids\": 9\} both set limits"):
+        env_args(tmp_path, "swe-local", "--cpus", "2", "--env-arg", 'limits={"pids": 9}')
+
+
+def test_a_limit_the_machine_refuses_is_exit_2_before_any_episode(tmp_path, capsys):
+    assert main(["swe-local", "--concurrency", "1", "--memory-mb", "8", "--output", str(tmp_path / "o")]) == 2
+    assert "memory_mb must be >= 16 (got 8)" in capsys.readouterr().err
+
+
+def _instance():
+    from sao.envs.swebench.instances import SWEInstance
+
+    return SWEInstance(instance_id="o__r-1", repo="o/r", base_commit="0" * 40, patch="", test_patch="",
+                       problem_statement="p", version="1.0", fail_to_pass=("t",), pass_to_pass=(),
+                       environment_setup_commit="0" * 40)

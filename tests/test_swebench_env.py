@@ -320,6 +320,30 @@ def test_the_agent_cannot_see_later_history_the_tests_or_the_network(tasks_file,
         assert obs[0]["content"].split() == ["[exit", "code", "0]", "v0.2.0"]
 
 
+@pytest.mark.docker
+@pytest.mark.part("docker")
+def test_limits_given_as_mappings_reach_the_agents_and_the_graders_containers(tasks_file, rows):
+    """sao-eval's --cpus/--memory-mb/--pids and --grading-network, as the environment gets them: the agent's
+    container has the limits, and the grader's has network only when asked (a diff whose code fails to
+    import without a network interface besides loopback resolves with it, not without)."""
+    row = task(rows, "intervals")
+    needs_network = ("bash", {"command": "printf 'import os\\nassert os.listdir(\"/sys/class/net\") != [\"lo\"], "
+                                         "\"no network\"\\n' >> intervals/__init__.py"})
+    calls = [*gold_policy(row).calls, needs_network]
+    verdicts = {}
+    for network in (False, True):
+        with make_env(tasks_file, limits={"cpus": 1, "memory_mb": 512, "pids": 300},
+                      grading_limits={"network": network}) as env:
+            env.reset(options={"task_id": row["instance_id"]})
+            (agents,) = containers(env._docker())  # what the daemon holds for the agent's container
+            host = agents.attrs["HostConfig"]
+            assert (host["NanoCpus"], host["Memory"], host["PidsLimit"], host["NetworkMode"]) == \
+                (10**9, 512 * 2**20, 300, "none"), host
+            info = play(env, scripted_policy(calls), task_id=row["instance_id"])
+        verdicts[network] = (info["report"]["status"], info["error"])
+    assert verdicts == {False: ("unresolved", None), True: ("resolved", None)}, verdicts
+
+
 FUTURE_PEEKING_INIT = """\
 import os
 import subprocess

@@ -38,8 +38,10 @@ class SWEBenchEnv(TextEnv):
     builders as a last resort. ``max_steps``: turns before truncation; ``max_format_errors``:
     consecutive turns without a usable tool call before the episode ends.
     ``command_timeout_s``: per bash command; ``eval_timeout_s``: the test run at grading.
-    ``limits``: the agent's container (default 2 CPUs, 4 GiB, no network); ``grading_limits``:
-    the grader's (default: ``limits``). Grading without network keeps the agent's code from
+    ``limits``: the agent's container (default 2 CPUs, 4 GiB, 1024 processes, no network); ``grading_limits``:
+    the grader's (default: ``limits``). Either may be a :class:`SandboxLimits` or a mapping of the
+    fields to change (``{"cpus": 4}``, as ``sao-eval --cpus`` and ``--grading-network`` give it);
+    ``grading_limits`` then overrides ``limits``. Grading without network keeps the agent's code from
     fetching the fix while the tests run; swebench's eval scripts for some repositories re-run
     ``pip install -e .``, which may need network for build dependencies, in which case pass
     ``grading_limits`` with ``network=True``. ``label``: the ``io.sao.sandbox`` label value of
@@ -59,7 +61,8 @@ class SWEBenchEnv(TextEnv):
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
                  pull_timeout_s: float = 30.0, build: bool = False, max_steps: int = 50, max_format_errors: int = 3,
                  command_timeout_s: float = 120.0, eval_timeout_s: float = 1800.0,
-                 limits: SandboxLimits | None = None, grading_limits: SandboxLimits | None = None,
+                 limits: SandboxLimits | Mapping[str, Any] | None = None,
+                 grading_limits: SandboxLimits | Mapping[str, Any] | None = None,
                  observation_chars: int = 12_000,
                  max_patch_bytes: int = 2_000_000, label: str = LABEL_VALUE, hide_history: bool = True,
                  system_prompt: str | None = SYSTEM_PROMPT, docker_client: Any = None, autosubmit: bool = True,
@@ -83,8 +86,8 @@ class SWEBenchEnv(TextEnv):
         self.pull, self.pull_timeout_s, self.build = pull, pull_timeout_s, build
         self.max_steps, self.max_format_errors = max_steps, max_format_errors
         self.command_timeout_s, self.eval_timeout_s = command_timeout_s, eval_timeout_s
-        self.limits = limits or _default_limits(command_timeout_s)
-        self.grading_limits = grading_limits or self.limits
+        self.limits = _default_limits(command_timeout_s).overridden(limits)
+        self.grading_limits = self.limits.overridden(grading_limits)
         self.observation_chars, self.max_patch_bytes = observation_chars, max_patch_bytes
         self.label, self.hide_history, self.system_prompt = label, hide_history, system_prompt
         self.autosubmit = bool(autosubmit)
