@@ -37,7 +37,7 @@ class AlgoConfig:
     eps_low: float | None = None
     eps_high: float | None = None
     dual_clip_c: float | None = None  # PPO dual-clip constant (> 1), None: off
-    is_correction: str = "none"  # PPO only: none | tis (truncated IS) | icepop (masked IS)
+    is_correction: str = "none"  # PPO only: none (clip against the behaviour policy) | tis | icepop (decoupled PPO)
     is_cap: float = 2.0  # tis: min(pi_old / pi_rollout, is_cap)
     icepop_low: float = 0.5  # icepop: weight 0 outside [icepop_low, icepop_high]
     icepop_high: float = 2.0

@@ -1,11 +1,19 @@
 """The policy losses the algorithms plug into :meth:`~sao.rl.learner.learner.Learner.policy_step`: small
 frozen callables (:class:`~sao.rl.learner.learner.PolicyLoss`) over one micro-batch, each holding its own knobs.
 
-The PPO loss is taken on-policy with ONE optimizer step per batch (``max_steps`` counts policy steps,
-each followed by a weight sync), so the "old" policy of its ratio is the learner's own policy at the
-start of the step: ``logp.detach()`` of the same forward pass, no second pass needed. The gap to
-what the engine sampled with (``batch.rollout_logprobs``) is corrected, as an option, with truncated
-or masked (IcePop) importance sampling; DIS instead uses the rollout log-probs directly.
+PPO's clip is taken against the BEHAVIOUR policy: the ratio is ``pi_theta / pi_rollout``, with the
+log-probs the engine reported when it sampled each token (``batch.rollout_logprobs``), as DIS's is.
+With ONE optimizer step per batch (``max_steps`` counts policy steps, each followed by a weight
+sync), a ratio against the learner's own policy at the start of the step would be exactly 1: the
+clip would never bind, and stale data (``async``, ``multi_version``, ``one_step_off``) would be
+trained as if it were on-policy. Against the behaviour policy the clip both bounds the step and
+corrects for the staleness.
+
+With ``is_correction`` tis or icepop the loss is decoupled PPO (Hilton et al. 2021) instead: the clip
+against the proximal policy (the learner's own at the start of the step: ``logp.detach()`` of the
+same forward pass, no second pass needed), times an importance weight from it to the behaviour
+policy, truncated (``min(pi_prox / pi_rollout, cap)``) or masked (IcePop). With one step per batch the
+proximal clip does not bind, so the weight alone carries the correction.
 """
 
 from __future__ import annotations
@@ -35,9 +43,9 @@ class DISLoss:
 
 @dataclass(frozen=True)
 class PPOClipLoss:
-    """PPO's clip with clip-higher (0.2 / 0.28) and optional dual-clip, on-policy (module doc), with
-    an optional rollout correction: ``tis`` weights ``min(pi_old / pi_rollout, cap)``, ``icepop``
-    zeroes tokens whose ratio leaves ``[low, high]``."""
+    """PPO's clip with clip-higher (0.2 / 0.28) and optional dual-clip, against the behaviour policy
+    (module doc); with ``is_correction`` tis or icepop, decoupled: against the proximal policy, weighted
+    ``min(pi_prox / pi_rollout, cap)`` (``tis``) or zeroed where that ratio leaves ``[low, high]`` (``icepop``)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28
@@ -52,8 +60,9 @@ class PPOClipLoss:
             raise ConfigError(f"algo.is_correction must be none, tis or icepop, got {self.is_correction!r}")
 
     def __call__(self, logp: Tensor, mb: Batch, *, agg: str, normalizer: float) -> tuple[Tensor, dict[str, float]]:
-        old = logp.detach()
-        weights = None
+        old, weights = mb.rollout_logprobs, None  # the behaviour policy
+        if self.is_correction != "none":
+            old = logp.detach()  # decoupled: the proximal policy, and a weight from it to the behaviour policy
         if self.is_correction == "tis":
             weights = truncated_is_weights(old, mb.rollout_logprobs, self.is_cap)
         elif self.is_correction == "icepop":
