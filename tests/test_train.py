@@ -230,7 +230,7 @@ def test_bad_configs_fail_with_a_message() -> None:
             sao.rl.cli.train.to_config(compose("config", overrides=["engine.speculative=sufix"]))
 
 
-def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
+def test_ppo_loss_is_taken_against_the_behaviour_policy_and_tis_is_decoupled() -> None:
     # one row, tokens 1..2 are actions; A = +1 at both
     from sao.rl.learner.batch import Batch
 
@@ -240,11 +240,14 @@ def test_ppo_loss_is_on_policy_and_tis_weights_the_rollout_gap() -> None:
                   rewards=torch.tensor([1.0]), truncated=torch.tensor([False]),
                   advantages=torch.tensor([[0.0, 1.0, 1.0]]))
     loss, m = PPOClipLoss()(logp, batch, agg="token-mean", normalizer=2.0)
-    # on-policy: ratio = exp(logp - logp.detach()) = 1 -> loss = -(1 + 1) / 2 = -1; d/dlogp_t = -A_t / N = -0.5
-    assert loss.item() == pytest.approx(-1.0) and m["ppo/clip_frac"] == 0.0
+    # against the behaviour policy: ratio_t = exp(logp - logp_rollout): token 1 exp(0) = 1, token 2 exp(-1) =
+    # 0.368, below 1 - 0.2 with A = +1, so min(0.368, 0.8) is the unclipped term: loss = -(1 + 0.368) / 2,
+    # d/dlogp_t = -ratio_t * A_t / N = -0.5 and -0.184
+    assert loss.item() == pytest.approx(-(1.0 + 0.36788) / 2, abs=1e-4) and m["ppo/clip_frac"] == 0.0
     loss.backward()
-    assert logp.grad.tolist() == [[0.0, -0.5, -0.5]]
-    # TIS: weight_t = min(exp(logp_old - logp_rollout), 2): token 1 exp(0) = 1, token 2 exp(-1) = 0.368
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -0.5, -0.36788 / 2], abs=1e-4)
+    # TIS (decoupled): the ratio against the proximal policy (logp.detach()) is 1, and the weight
+    # min(exp(logp_prox - logp_rollout), 2) is 1 and 0.368: the same loss here, by another route
     logp.grad = None
     loss, m = PPOClipLoss(is_correction="tis", is_cap=2.0)(logp, batch, agg="token-mean", normalizer=2.0)
     assert loss.item() == pytest.approx(-(1.0 + 0.36788) / 2, abs=1e-4)
