@@ -75,6 +75,8 @@ class Completion:
     policy_versions: VersionSpan | None = None  # the versions that served it, when the caller tracks them
     attempts: int = 1  # HTTP attempts this request took, retries included
     token_versions: VersionRuns | None = None  # the policy version of each sampled token, when known
+    # some of its tokens may have been computed over KV blocks left by older weights (TurnRecord.old_kv)
+    old_kv: bool = False
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -119,6 +121,10 @@ class TurnRecord:
     completion_tokens: int | None = None  # text mode: usage.completion_tokens
     policy_versions: VersionSpan | None = None  # the policy versions that sampled it, when tracked
     token_versions: VersionRuns | None = None  # the policy version of each of its tokens, when known
+    # Its request overlapped a time when its replica's KV cache held blocks computed with older weights
+    # (a weight load whose prefix-cache reset the engine refused, rollout.keep_kv; sao.rl.rollout.served):
+    # some of its tokens, labelled with the new version, may have been computed over an old-weights prefix.
+    old_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.token_versions is not None:

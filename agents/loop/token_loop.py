@@ -80,7 +80,8 @@ class TokenSampler:
         completion = await self.client.complete(self.token_ids, params)
         record = TurnRecord(len(self.token_ids), len(completion.token_ids), completion.finish_reason,
                             completion.weight_version, t_start, clock(), completion.attempts,
-                            policy_versions=completion.policy_versions, token_versions=completion.token_versions)
+                            policy_versions=completion.policy_versions, token_versions=completion.token_versions,
+                            old_kv=completion.old_kv)
         self.last = completion
         self.token_ids += completion.token_ids
         self.action_mask += [1] * len(completion.token_ids)

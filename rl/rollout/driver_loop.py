@@ -146,6 +146,7 @@ class DriverLoop:
             "rollout/replica_deaths": float(self.health.deaths),
             "rollout/replica_restarts": float(self.health.restarts),
             "rollout/replicas_live": float(len(self.replicas) - len(dead)),
+            "rollout/prefix_reset_refused": float(self.versions.refused_resets),
             "engine/weight_version": float(max(live)),
             "engine/weight_version_min": float(min(live)),
         }
@@ -207,7 +208,7 @@ class DriverLoop:
         seed = episode_seed(self.seed, ref.index, start.prompt.index + 1000 * start.prompt.attempt)
         trajectory: Trajectory | None
         try:
-            client = VersionedClient(self.replicas[rid].client, lambda: self.versions[rid])
+            client = VersionedClient(self.replicas[rid].client, lambda: self.versions[rid], lambda: self.versions.kv(rid))
             trajectory = await self.run_episode(client, ref, start.prompt.index, seed)
         except Exception as exc:  # noqa: BLE001 - an episode that raises is a failed attempt, not a dead loop
             log.warning("trajectory %d raised %r; recorded as a failed attempt", start.traj_id, exc)
@@ -268,6 +269,8 @@ class DriverLoop:
             metrics = {**rollout_metrics(step, step, wall), **self.stats(), **self.lengths.metrics(),
                        **version_metrics(step, action.step),
                        "rollout/batch_staleness_max": float(max(staleness)),
+                       # turns flagged: their requests overlapped old-weights KV blocks (sao.rl.rollout.served)
+                       "rollout/old_kv_turns": float(sum(turn.old_kv for t in step for turn in t.turns)),
                        "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []
         self.batches.put_nowait((RolloutBatch(trajectories, failed, (), metrics), action.final))

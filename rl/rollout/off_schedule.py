@@ -91,4 +91,4 @@ class OffSchedule:
         return list(await asyncio.gather(*(one(ref) for ref in prompts)))
 
     def _client(self, rid: int) -> VersionedClient:
-        return VersionedClient(self.replicas[rid].client, lambda: self.versions[rid])
+        return VersionedClient(self.replicas[rid].client, lambda: self.versions[rid], lambda: self.versions.kv(rid))

@@ -80,6 +80,8 @@ class OrchestratedRollout:
         self.weights_root, self.reload_timeout_s = Path(weights_root), reload_timeout_s
         self.on_trajectory = on_trajectory
         self.keep_kv = keep_kv  # a load keeps the in-flight requests' KV blocks (sao.rl.weights.load)
+        self._warned_kv: set[int] = set()  # replicas whose refused prefix-cache reset was warned about
+        self._retrying: set[int] = set()  # replicas whose reset is being retried
         self._prompts = OpenPrompts(tasks)
         self.start_version = 0
         self._versions = ServedVersions(len(replicas))
@@ -249,4 +251,42 @@ class OrchestratedRollout:
             return  # the learner's WeightSync loaded it (sao.rl.weights.replica_sync)
         await load_weights(self.replicas[rid].control, version_dir(self.weights_root, version).resolve(), version,
                            mode="keep", timeout_s=self.reload_timeout_s, keep_kv=self.keep_kv,
-                           before_resume=lambda: self._versions.apply(Served(rid, version)))
+                           before_resume=lambda reset: self._resumed(rid, version, reset))
+
+    def _resumed(self, rid: int, version: int, reset: bool) -> None:
+        """Replica ``rid`` resumes on ``version``: record it, and whether its KV cache may hold old-weights
+        blocks (its prefix cache not ``reset``: :mod:`sao.rl.rollout.served`'s rule), retrying the reset."""
+        self._versions.apply(Served(rid, version))
+        if reset:
+            self._versions.kv_reset(rid)
+            return
+        self._versions.old_kv(rid)
+        why = "rollout.keep_kv kept the in-flight requests' blocks" if self.keep_kv else "blocks were in use"
+        first = rid not in self._warned_kv
+        self._warned_kv.add(rid)
+        log.log(logging.WARNING if first else logging.INFO,
+                "replica %d resumed on version %d with its prefix cache not reset (the engine refused: %s); "
+                "turns sampled until a retry of the reset succeeds are flagged old_kv: their tokens may have been "
+                "computed over a prefix of the old weights (%d refused so far: rollout/prefix_reset_refused)",
+                rid, version, why, self._versions.refused_resets)
+        if rid not in self._retrying:
+            self._retrying.add(rid)
+            self._driver.spawn(self._retry_reset(rid))
+
+    async def _retry_reset(self, rid: int, first_delay_s: float = 0.05, max_delay_s: float = 1.0) -> None:
+        """Retry replica ``rid``'s prefix-cache reset, backing off, until it succeeds (its KV cache is then
+        clean), the replica dies (a restart starts clean) or a later load reset it."""
+        health, delay = self._driver.health, first_delay_s
+        generation = health.generation(rid)
+        try:
+            while self._versions.kv(rid).old and health.current(rid, generation):
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, max_delay_s)
+                try:
+                    if await self.replicas[rid].control.reset_prefix_cache():
+                        self._versions.kv_reset(rid)
+                        log.info("replica %d: prefix cache reset; its turns are no longer flagged old_kv", rid)
+                except Exception as exc:  # noqa: BLE001 - the watch decides whether the replica died
+                    log.debug("replica %d: prefix-cache reset failed: %r", rid, exc)
+        finally:
+            self._retrying.discard(rid)

@@ -16,20 +16,49 @@ driver sends it (``SyncDone`` after the load, ``ReplicaDied``, ``ReplicaRestarte
 truth, because it hears of a load only after the engine has resumed on it (turns that run in between
 are stamped from here, :mod:`sao.rl.rollout.versioned_client`), and it does not exist before the
 schedule starts (warm-up batches and the start version's load).
+
+It also records whether a replica's KV cache may hold blocks computed with older weights: after a
+load whose prefix-cache reset the engine refused (vLLM refuses while blocks are in use, which is
+always the case under ``rollout.keep_kv`` with requests in flight), until a retry of the reset
+succeeds or the replica dies. The rule: nothing waits for the reset; every turn whose request
+overlapped such a time is flagged ``old_kv`` (:class:`KVState`), the driver retries the reset, warns
+(the first refusal per replica; later ones are logged at info), and counts them (``rollout/prefix_reset_refused``, ``rollout/old_kv_turns``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sao.rl.rollout.schedulers import UNKNOWN_VERSION, ReplicaDied
 from sao.rl.weights import Served
 
 
+@dataclass(frozen=True)
+class KVState:
+    """A replica's KV cache as a request sees it when it is sent and when it comes back: whether it may
+    hold old-weights blocks now (``old``), and how many times that began so far (``marks``)."""
+
+    old: bool
+    marks: int
+
+    def overlapped(self, later: KVState) -> bool:
+        """Whether a request sent at ``self`` and answered at ``later`` overlapped a time of old-weights
+        blocks: one at either end, or one that began and ended in between."""
+        return self.old or later.old or later.marks != self.marks
+
+
+CLEAN = KVState(False, 0)
+
+
 class ServedVersions:
-    """The version each of ``n`` replicas serves (module doc): 0 until a load says otherwise."""
+    """The version each of ``n`` replicas serves, and the state of its KV cache (module doc): version 0
+    and clean until a load says otherwise."""
 
     def __init__(self, n: int) -> None:
         self._versions = [0] * n
         self._pushed: set[int] = set()  # replicas the learner's weight sync pushes into
+        self._kv = [CLEAN] * n
+        self.refused_resets = 0  # loads whose prefix-cache reset the engine refused, over the run
 
     def __getitem__(self, rid: int) -> int:
         return self._versions[rid]
@@ -45,8 +74,22 @@ class ServedVersions:
                 self._pushed.add(event.replica)
         elif isinstance(event, ReplicaDied):
             self._versions[event.replica] = UNKNOWN_VERSION
+            self.kv_reset(event.replica)  # a restarted engine starts with an empty cache
         else:
             raise TypeError(f"not an event of what a replica serves: {event!r}")
+
+    def kv(self, rid: int) -> KVState:
+        """Replica ``rid``'s KV cache now (:class:`KVState`)."""
+        return self._kv[rid]
+
+    def old_kv(self, rid: int) -> None:
+        """Replica ``rid`` resumed on new weights with its prefix cache not reset: old-weights blocks."""
+        self._kv[rid] = KVState(True, self._kv[rid].marks + 1)
+        self.refused_resets += 1
+
+    def kv_reset(self, rid: int) -> None:
+        """Replica ``rid``'s prefix cache was reset (or the engine restarted): no old-weights blocks."""
+        self._kv[rid] = KVState(False, self._kv[rid].marks)
 
     def pushed(self, rid: int, version: int) -> bool:
         """Whether replica ``rid`` serves ``version`` already on a replica the learner pushes into: a load

@@ -5,6 +5,11 @@ so every turn records the replica's version when its request was sent and when i
 engine on the token route (:mod:`sao.agents.clients.generate`) also says which version sampled each token; runs
 within that span are kept (``token_versions``), and a turn that no sync touched is all one version. The
 oldest version is the trajectory's for staleness (METHOD.md 1.10).
+
+It also flags a turn whose request overlapped a time when the replica's KV cache held blocks computed
+with older weights (``old_kv``): a load whose prefix-cache reset the engine refused, until a retry
+succeeds (:class:`~sao.rl.rollout.served.ServedVersions`). Such a turn's later tokens carry the new
+version but may have been computed over an old-weights prefix.
 """
 
 from __future__ import annotations
@@ -16,22 +21,27 @@ from dataclasses import replace
 from sao.agents import Completion, Trajectory, VersionSpan
 from sao.agents.clients import CompletionClient, SamplingParams
 from sao.agents.records import VersionRuns
+from sao.rl.rollout.served import CLEAN, KVState
 
 log = logging.getLogger(__name__)
 
 
 class VersionedClient:
     """Stamps each completion of ``client`` with its replica's version (``version()``, read from
-    :class:`~sao.rl.rollout.served.ServedVersions`) at request time and at answer time."""
+    :class:`~sao.rl.rollout.served.ServedVersions`) at request time and at answer time, and with
+    ``old_kv`` when ``kv()`` (the replica's :class:`~sao.rl.rollout.served.KVState`) says its request
+    overlapped a time of old-weights KV blocks."""
 
-    def __init__(self, client: CompletionClient, version: Callable[[], int]):
-        self.client, self.version = client, version
+    def __init__(self, client: CompletionClient, version: Callable[[], int],
+                 kv: Callable[[], KVState] = lambda: CLEAN):
+        self.client, self.version, self.kv = client, version, kv
 
     async def complete(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        before = self.version()
+        before, kv_before = self.version(), self.kv()
         completion = await self.client.complete(prompt_ids, params)
         span = VersionSpan(before, self.version())
-        return replace(completion, policy_versions=span, token_versions=runs_within(completion, span))
+        return replace(completion, policy_versions=span, token_versions=runs_within(completion, span),
+                       old_kv=completion.old_kv or kv_before.overlapped(self.kv()))
 
 
 def runs_within(completion: Completion, span: VersionSpan) -> VersionRuns | None:

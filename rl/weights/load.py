@@ -63,11 +63,12 @@ class Loaded:
 
 async def load_weights(engine: WeightControl, folder: str | Path, version: int, *, mode: PauseMode = "keep",
                        timeout_s: float | None = None, keep_kv: bool = False,
-                       before_resume: Callable[[], None] = lambda: None) -> Loaded:
-    """Load ``folder`` (version ``version``) into ``engine`` (module doc). ``before_resume`` runs once
-    the new weights are in, while the engine is still paused (the driver records the replica's
-    version there, so no answer that comes back after the resume reads the old one). ``keep_kv``: the
-    requests in flight keep their old-weights KV blocks instead of recomputing them (module doc)."""
+                       before_resume: Callable[[bool], None] = lambda reset: None) -> Loaded:
+    """Load ``folder`` (version ``version``) into ``engine`` (module doc). ``before_resume(reset)`` runs
+    once the new weights are in, while the engine is still paused, with whether the prefix cache was
+    reset (the driver records the replica's version and the state of its KV cache there, so no answer
+    that comes back after the resume reads the old ones). ``keep_kv``: the requests in flight keep their
+    old-weights KV blocks instead of recomputing them (module doc)."""
     await engine.pause(mode=mode, clear_cache=not keep_kv)
     try:
         started = time.perf_counter()
@@ -75,7 +76,7 @@ async def load_weights(engine: WeightControl, folder: str | Path, version: int, 
         reload_s = time.perf_counter() - started
         await engine.set_weight_version(version)
         cache_reset = await engine.reset_prefix_cache()
-        before_resume()
+        before_resume(cache_reset)
     finally:
         await engine.resume()
     return Loaded(reload_s, cache_reset)
