@@ -212,6 +212,7 @@ SWE_FLAGS: dict[str, tuple[str, str]] = {
     "command_timeout": ("command_timeout_s", "--command-timeout"),
     "eval_timeout": ("eval_timeout_s", "--eval-timeout"),
     "max_format_errors": ("max_format_errors", "--max-format-errors"),
+    "autosubmit": ("autosubmit", "--no-autosubmit"),
 }
 """The SWE-bench group's environment flags (envs/swebench/env.py ``SWEBenchEnv``); each is also
 ``--env-arg KWARG=VALUE``, and giving both is refused."""
@@ -235,7 +236,7 @@ def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 FLAG_OF = {"tools": "--tools", "sandbox": "--sandbox", "max_steps": "--max-steps", "images": "--image-map",
-           "autosubmit": "--no-autosubmit", **dict(SWE_FLAGS.values()),
+           **dict(SWE_FLAGS.values()),
            **{kwarg: "/".join(f for _, (k, _, f) in LIMIT_FLAGS.items() if k == kwarg)
               for kwarg, _, _ in LIMIT_FLAGS.values()}}
 """The environment keyword argument each flag sets, as the flag is named in messages."""
@@ -306,7 +307,7 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
         max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
         env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                            images=None if args.image_map is None else str(args.image_map),
-                           autosubmit=args.autosubmit, **_swe_env_args(args)),
+                           **_swe_env_args(args)),
     )
 
 

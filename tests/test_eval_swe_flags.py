@@ -21,6 +21,7 @@ CASES = [
     (["--command-timeout", "30"], "command_timeout_s", 30.0),
     (["--eval-timeout", "600"], "eval_timeout_s", 600.0),
     (["--max-format-errors", "5"], "max_format_errors", 5),
+    (["--no-autosubmit"], "autosubmit", False),
 ]
 
 
