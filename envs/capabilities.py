@@ -1,5 +1,5 @@
 """What an environment offers evaluations and loops besides episodes: scripted agents, grading of given
-predictions, and the end of an episode that a loop's limit cut.
+predictions, the end of an episode that a loop's limit cut, and its tasks' container images.
 
 Each is a small callable Protocol that takes the (unwrapped) environment, so that the logic lives
 beside the task it knows (``swe_policies``, ``swebench.grading``, ``math_envs``) and not in the
