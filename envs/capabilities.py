@@ -1,5 +1,5 @@
 """What an environment offers evaluations and loops besides episodes: scripted agents, grading of given
-predictions, and the end of an episode that a loop's limit cut.
+predictions, the end of an episode that a loop's limit cut, and its tasks' container images.
 
 Each is a small callable Protocol that takes the (unwrapped) environment, so that the logic lives
 beside the task it knows (``swe_policies``, ``swebench.grading``, ``math_envs``) and not in the
@@ -18,7 +18,7 @@ an environment that does not offer them; nothing is registered at import.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -54,6 +54,20 @@ class CutGrading(Protocol):
     def __call__(self, env: Any, reason: str) -> tuple[float, dict[str, Any]]: ...
 
 
+class InstanceImages(Protocol):
+    """The images of a container-per-task environment, declared as ``instance_images``, a class that
+    takes the environment: ``prepare(task_ids)`` finds (pulls, builds) every task's image before any
+    episode starts and says which are missing and why; ``disk_bytes()`` is the disk the images take;
+    ``clean(names)`` removes images a run pulled or built (never one the user named). The SWE
+    environments' is :class:`sao.envs.swebench.image_prep.EnvImages`."""
+
+    def prepare(self, task_ids: Sequence[str]) -> Any: ...
+
+    def disk_bytes(self) -> int | None: ...
+
+    def clean(self, owned_images: Iterable[str]) -> Any: ...
+
+
 def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
     """The scripted agents ``env``'s class offers, or None."""
     return _declared(env, "scripted_policies")
@@ -67,6 +81,12 @@ def prediction_grader(env: gym.Env) -> PredictionGrader | None:
 def cut_grading(env: gym.Env) -> CutGrading | None:
     """How ``env``'s class ends an episode that a loop's limit cut (``finish_cut``), or None."""
     return _declared(env, "finish_cut")
+
+
+def instance_images(env: gym.Env) -> InstanceImages | None:
+    """``env``'s images (``--prepare``, ``--clean-images``), or None for an environment without images."""
+    declared = _declared(env, "instance_images")
+    return None if declared is None else declared(env.unwrapped)
 
 
 def _declared(env: gym.Env, name: str) -> Any:

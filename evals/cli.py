@@ -23,7 +23,7 @@ from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 
 from .live import Board, BoardProgress
-from .runner import EvalConfig, EvalError, cut_warning, evaluate
+from .runner import EvalConfig, EvalError, cut_warning, evaluate, prepare_images
 from .selection import parse_instance_ids, parse_slice
 from .swe_outputs import patch_benchmark
 
@@ -167,6 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pull-timeout", type=float, metavar="S",
                    help="give up pulling an image after S seconds without progress (default 30; the environment's "
                         "pull_timeout_s)")
+    g.add_argument("--pull-retries", type=int, metavar="N",
+                   help="tries after the first when a pull stalls (--pull-timeout) or fails for a reason that may "
+                        "pass (default 1); a definitive registry answer (manifest unknown, not found, unauthorized, "
+                        "denied) is not retried (pull_retries)")
+    g.add_argument("--platform", choices=["linux/amd64", "linux/arm64"],
+                   help="pull and run every instance image for this platform, e.g. linux/amd64 on an arm64 host "
+                        "(emulated; default: the host's, and linux/amd64 for the instances swebench lists in "
+                        "USE_X86 when the host is arm64) (platform)")
+    g.add_argument("--prepare", action="store_true",
+                   help="before any engine or episode starts, find every selected instance's image (pulling, a few "
+                        "at a time; building only with --build-images), list each missing one with the reasons "
+                        "and exit 2 if any is; with all present, go on and evaluate")
+    g.add_argument("--prepare-only", action="store_true",
+                   help="as --prepare, then stop: exit 0 with every image present, 2 with any missing "
+                        "(the same as `sao-sandbox images`)")
+    g.add_argument("--clean-images", action="store_true",
+                   help="after grading, remove the instance images this run pulled or built (recorded in the "
+                        "output folder's images.json, kept across --resume); never one named in --image-map nor "
+                        "one that was present before the run")
     g.add_argument("--no-pull", dest="pull", action="store_const", const=False, default=None,
                    help="never pull an image: use the images this machine has, or builds with --build-images "
                         "(pull=false)")
@@ -206,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
 SWE_FLAGS: dict[str, tuple[str, str]] = {
     # argparse dest: (the SWE environment's keyword argument, the flag); refused for other benchmarks
     "pull_timeout": ("pull_timeout_s", "--pull-timeout"),
+    "pull_retries": ("pull_retries", "--pull-retries"),
+    "platform": ("platform", "--platform"),
     "pull": ("pull", "--no-pull"),
     "build_images": ("build", "--build-images"),
     "hide_history": ("hide_history", "--no-hide-history"),
@@ -305,6 +326,7 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
         endpoint_mode=args.endpoint_mode,
         speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
         max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
+        prepare=args.prepare or args.prepare_only, clean_images=args.clean_images,
         env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                            images=None if args.image_map is None else str(args.image_map),
                            **_swe_env_args(args)),
@@ -314,6 +336,8 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
 def _run(args: argparse.Namespace, output: Path) -> int:
     try:
         cfg = eval_config(args, output)
+        if args.prepare_only:
+            return _prepare_only(cfg)
         board = Board()  # the episodes in flight: a status line each under the bar (instance, step, elapsed)
         bar = BoardProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("acc {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -341,6 +365,15 @@ def _run(args: argparse.Namespace, output: Path) -> int:
         return 2
     _print_summary(summary, output)
     return _report_problems(summary)
+
+
+def _prepare_only(cfg: EvalConfig) -> int:
+    """``--prepare-only``: every selected instance's image, listed; 0 when all are present (else
+    :class:`~.swe_images.ImagesMissing`, exit 2)."""
+    prep = prepare_images(cfg)
+    print(prep.describe())
+    console.print(f"all {len(prep.ready)} instance images are present; run without --prepare-only to evaluate")
+    return 0
 
 
 def _report_problems(summary: dict[str, Any]) -> int:
@@ -391,6 +424,12 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
         table.add_row("autosubmit", str(summary["autosubmit"]).lower())
     if "replicas" in summary:
         table.add_row("replicas", f"{summary['replicas']} ({summary['router']})")
+    if "images_disk_start_bytes" in summary:  # SWE: docker system df's LayersSize
+        table.add_row("images disk start -> end", f"{_gb(summary['images_disk_start_bytes'])} -> "
+                                                  f"{_gb(summary['images_disk_end_bytes'])} GB")
+    if "images_cleaned" in summary:
+        cleaned = summary["images_cleaned"]
+        table.add_row("images removed", f"{len(cleaned['removed'])} (failed {len(cleaned['failed'])})")
     for key in ("spec_acceptance", "spec_accepted_per_draft", "prefix_cache_hit_rate"):
         if key in summary:
             value = summary[key]
@@ -400,6 +439,10 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
         console.print("text mode: the trajectories hold text turns and the API's usage counts, not tokens; "
                       "they cannot be trained on")
     console.print(f"outputs in {output}")
+
+
+def _gb(size: int | None) -> str:
+    return "?" if size is None else f"{size / 1e9:.2f}"
 
 
 if __name__ == "__main__":

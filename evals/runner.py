@@ -10,6 +10,8 @@ Outputs in ``output/``:
 * ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``,
   and the budgets;
 * ``vllm.log`` when a local engine was started;
+* SWE benchmarks: ``images.json``, the images this run pulled or built (:mod:`.swe_images`, for
+  ``--clean-images``), and in ``summary.json`` the disk the images take at the start and the end;
 * SWE benchmarks: ``preds.json`` and ``predictions.jsonl`` (the predictions in swebench's formats),
   ``report.json`` (the harness's run report), ``reports/ID.json`` and ``trajs/ID.traj.json``, per
   sample with ``--samples`` > 1 (see :mod:`.swe_outputs`).
@@ -42,6 +44,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,7 @@ from .metrics import mean_pass_at_k
 from .outputs import RESULTS, RUN, SUMMARY, TRAJECTORIES, check_output
 from .players import Player, load_predictions
 from .selection import Selection, Slice
+from .swe_images import RunImages, run_images
 from .swe_outputs import SweFiles, model_name_or_path, patch_benchmark
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,9 @@ class EvalConfig:
     max_restarts: int = 3  # restarts of a local vLLM that dies mid-run (sao.agents.engine.watch), per replica
     replicas: int = 1  # local vLLM replicas; more than one: requests placed by `router` (sao.agents.routing.client)
     router: str = "cache_aware"  # cache_aware | round_robin
+    # SWE images (sao.evals.swe_images); not part of the run's identity: a --resume may change them
+    prepare: bool = False  # --prepare: every selected instance's image found (pulled, built) before anything starts
+    clean_images: bool = False  # --clean-images: after grading, remove the images this run pulled or built
 
     def __post_init__(self) -> None:
         self._resolve_budgets()
@@ -149,6 +156,9 @@ class EvalConfig:
             raise EvalError(f"--replicas must be >= 1, got {self.replicas}")
         if self.router not in EVAL_ROUTERS:
             raise EvalError(f"--router must be one of {EVAL_ROUTERS}, got {self.router!r}")
+        if (self.prepare or self.clean_images) and not patch_benchmark(self.benchmark):
+            raise EvalError(f"{'--prepare' if self.prepare else '--clean-images'}: for the SWE benchmarks only (each "
+                            f"task has a Docker image); {self.benchmark} is not one")
         if self.replicas > 1 and (self.base_url is not None or self.agent != "llm" or self.grade_only is not None):
             raise EvalError("--replicas starts that many local vLLM engines for the model to play: it takes no "
                             "--base-url, --agent other than llm, or --grade-only")
@@ -486,19 +496,26 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     before = previous_summary(cfg)
     pairs = [(t, s) for t in task_ids for s in range(cfg.samples) if (t, s) not in done]
     rollout_s, engine, context = 0.0, None, {}
-    if pairs:
-        with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
-            # the model's context window: --max-model-len, else what the engine took (the model's own)
-            context = {"max_model_len": endpoints[0].max_model_len} if endpoints else {}
-            hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
-            # SWE: each episode's trajs/ file as it ends (swe_outputs); the rest at the end
-            hooks = [h for h in (hook, swe_files(cfg).write_traj if patch_benchmark(cfg.benchmark) else None) if h]
-            t_rollout = time.monotonic()
-            engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
-                cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks], board)))
-            rollout_s = time.monotonic() - t_rollout
+    with images_of(cfg, env_kwargs) as images:  # SWE: the disk at the start; --prepare's images before any engine
+        if cfg.prepare:
+            images.prepare(task_ids)
+        if pairs:
+            with open_engines(cfg) as endpoints, TrajectoryWriter(cfg.output / TRAJECTORIES) as writer:
+                # the model's context window: --max-model-len, else what the engine took (the model's own)
+                context = {"max_model_len": endpoints[0].max_model_len} if endpoints else {}
+                hook = progress(len(task_ids) * cfg.samples, len(task_ids) * cfg.samples - len(pairs)) if progress else None
+                # SWE: each episode's trajs/ file as it ends (swe_outputs); the rest at the end
+                hooks = [h for h in (hook, swe_files(cfg).write_traj if patch_benchmark(cfg.benchmark) else None) if h]
+                t_rollout = time.monotonic()
+                engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
+                    cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks], board)))
+                rollout_s = time.monotonic() - t_rollout
+        # after grading: the images the episodes pulled recorded, --clean-images, the disk at the end
+        images_summary = {} if images is None else images.finish(
+            latest_episodes(cfg.output / TRAJECTORIES).values(), clean=cfg.clean_images)
     summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
     summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs)) | context
+    summary |= images_summary
     if engine is not None:
         summary |= engine
     elif not pairs:  # nothing ran: the engine figures of the run that did the work stay
@@ -507,6 +524,27 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
     if (warning := cut_warning(summary)) is not None:
         log.warning("%s", warning)
     return summary
+
+
+def images_of(cfg: EvalConfig, env_kwargs: dict[str, Any], *,
+              required: bool = False) -> AbstractContextManager[RunImages | None]:
+    """The run's instance images (:mod:`.swe_images`) for a SWE benchmark; None for the others."""
+    if not patch_benchmark(cfg.benchmark):
+        return nullcontext(None)
+    return run_images(cfg.benchmark, cfg.output, env_kwargs, required=required or cfg.prepare or cfg.clean_images)
+
+
+def prepare_images(cfg: EvalConfig) -> Any:
+    """``--prepare-only``: check the output folder, select the tasks and find (pull, build) every one's image,
+    as :func:`evaluate` does before it starts anything; :class:`~.swe_images.ImagesMissing` when any is
+    missing, else the preparation (:class:`~sao.envs.swebench.image_prep.ImagePreparation`)."""
+    check_output(cfg.output)
+    task_ids, env_kwargs = plan(cfg)
+    prepare_output(cfg)
+    with images_of(cfg, env_kwargs, required=True) as images:
+        if images is None:
+            raise EvalError(f"--prepare-only: for the SWE benchmarks only; {cfg.benchmark} is not one")
+        return images.prepare(task_ids)
 
 
 def previous_summary(cfg: EvalConfig) -> dict[str, Any]:

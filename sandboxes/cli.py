@@ -5,8 +5,15 @@
     sao-sandbox build-swe-image --repo DIR --base-commit SHA (--requirements FILE | --wheels DIR) ...
                                      build an instance image offline (cached by a key of its inputs);
                                      prints the tag (see `sao-sandbox build-swe-image --help`)
+    sao-sandbox images ROWS [--image-map MAP] [--no-pull] [--build-images] [--platform P] ...
+                                     find (pull, build) the image of every SWE-bench row in ROWS, as
+                                     `sao-eval --prepare` does; lists each, and each missing one's reasons
 
-Exit status: 0 on success, 2 when the Docker daemon does not answer, 1 on other failures.
+Exit status: 0 on success, 2 when the Docker daemon does not answer (and for `images`, when an
+image is missing), 1 on other failures.
+
+`images` is the one command here that reads SWE-bench rows: it runs `sao.envs.swebench.image_prep`,
+imported when the command runs (the rest of this module, like the package, imports nothing above it).
 """
 
 from __future__ import annotations
@@ -70,7 +77,31 @@ def build_parser() -> argparse.ArgumentParser:
     p_swe.add_argument("--branch", default=None, help="the branch name HEAD is on in /testbed (default: the "
                        "source's current branch, else main)")
     p_swe.add_argument("--base-image", default=BASE_IMAGE, help=f"the image to build FROM (default {BASE_IMAGE})")
+    p_img = commands.add_parser("images", help="find, pull or build every SWE-bench instance's image, as "
+                                "`sao-eval --prepare` does", description=IMAGES_HELP)
+    p_img.add_argument("rows", metavar="ROWS", help="SWE-bench rows (jsonl, json or parquet, SWE-bench's schema)")
+    p_img.add_argument("--image-map", default=None, metavar="MAP",
+                       help="JSON file mapping instance_id to a Docker image, the only image tried for it")
+    p_img.add_argument("--no-pull", dest="pull", action="store_false", help="pull nothing: check what is present")
+    p_img.add_argument("--pull-timeout", type=float, default=30.0, metavar="S",
+                       help="give up a pull after S seconds without progress (default 30)")
+    p_img.add_argument("--pull-retries", type=int, default=1, metavar="N",
+                       help="tries after the first for a stalled or failed pull, none after a definitive registry "
+                            "answer (default 1)")
+    p_img.add_argument("--build-images", action="store_true",
+                       help="build a missing image with swebench's builders (needs the network)")
+    p_img.add_argument("--platform", choices=["linux/amd64", "linux/arm64"], default=None,
+                       help="pull every image for this platform (default: the host's; linux/amd64 for swebench's "
+                            "USE_X86 instances on arm64)")
     return parser
+
+
+IMAGES_HELP = """\
+Find the image of every SWE-bench instance in ROWS as `sao-eval --prepare` does (the image map, the
+row's `image`, swebench's names present or pulled a few at a time, and with --build-images swebench's
+builders), and print one line per instance: ready (and how) or MISSING with every reason tried.
+Exit 0 when every image is present, 2 when any is missing.
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"removed {removed} sandbox container{'s' if removed != 1 else ''} ({scope})")
         elif args.command == "build-base":
             print(ensure_base_image(tag=args.tag))
+        elif args.command == "images":
+            return _images(args)
         else:
             return _build_swe_image(args)
     except DockerUnavailableError as exc:
@@ -90,6 +123,25 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as exc:
         print(f"sao-sandbox: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _images(args: argparse.Namespace) -> int:
+    from sao.envs.errors import EnvError
+    from sao.envs.swebench.image_prep import prepare_rows
+
+    try:
+        prep = prepare_rows(args.rows, images=args.image_map, pull=args.pull, pull_timeout_s=args.pull_timeout,
+                            pull_retries=args.pull_retries, build=args.build_images, platform=args.platform)
+    except (EnvError, ValueError) as exc:
+        print(f"sao-sandbox: {exc}", file=sys.stderr)
+        return 2
+    print(prep.describe())
+    if prep.missing:
+        print(f"sao-sandbox: {len(prep.missing)} of {len(prep.ready) + len(prep.missing)} instance images are "
+              "missing: name images with --image-map, `docker load` them, let pulls reach the registry, or build "
+              "them with --build-images (needs the network)", file=sys.stderr)
+        return 2
     return 0
 
 

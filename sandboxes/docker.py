@@ -74,7 +74,9 @@ class DockerSandbox:
     (created by Docker when missing) and the base of relative paths. ``volumes`` is passed to
     Docker as is (``{"/host/dir": {"bind": "/data", "mode": "ro"}}``). ``cap_add`` adds back
     capabilities (e.g. ``["CHOWN", "DAC_OVERRIDE", "FOWNER"]`` for images whose files root
-    must modify although it does not own them); none are needed for ordinary work.
+    must modify although it does not own them); none are needed for ordinary work. ``platform``
+    (``linux/amd64``, ...) asks for that variant of the image (an amd64 image on an arm64 host);
+    None: the daemon's choice.
 
     Raises :class:`DockerUnavailableError` when no daemon answers, :class:`SandboxStartError`
     when the image is missing (it is never pulled) or the container does not start.
@@ -87,13 +89,14 @@ class DockerSandbox:
 
     def __init__(self, image: str, *, limits: SandboxLimits = SandboxLimits(), label: str = LABEL_VALUE,
                  name_prefix: str = "sao-", workdir: str = "/", client: Any = None,
-                 volumes: Mapping[str, Any] | None = None, cap_add: Iterable[str] = ()):
+                 volumes: Mapping[str, Any] | None = None, cap_add: Iterable[str] = (), platform: str | None = None):
         if not posixpath.isabs(workdir):
             raise ValueError(f"workdir must be an absolute path in the container (got {workdir!r})")
         self.image = image
         self.limits = limits
         self.label = label
         self.workdir = workdir
+        self.platform = platform
         self.name = f"{name_prefix}{uuid.uuid4().hex[:12]}"
         self._own_client = client is None
         self._client = connect() if client is None else client
@@ -118,7 +121,7 @@ class DockerSandbox:
                 nano_cpus=int(lim.cpus * 1e9), mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m",
                 pids_limit=lim.pids, cap_drop=["ALL"], cap_add=cap_add or None,
                 security_opt=["no-new-privileges"], init=True, working_dir=self.workdir,
-                volumes=dict(volumes) if volumes else None,
+                volumes=dict(volumes) if volumes else None, **({"platform": self.platform} if self.platform else {}),
             )
         except docker.errors.ImageNotFound as exc:
             self._close_client()

@@ -15,6 +15,8 @@ from sao.evals.runner import EvalError
 # flag and its value on the command line -> the environment's keyword argument and value
 CASES = [
     (["--pull-timeout", "90"], "pull_timeout_s", 90.0),
+    (["--pull-retries", "2"], "pull_retries", 2),
+    (["--platform", "linux/amd64"], "platform", "linux/amd64"),
     (["--no-pull"], "pull", False),
     (["--build-images"], "build", True),
     (["--no-hide-history"], "hide_history", False),

@@ -102,7 +102,7 @@ class RefusingEngine(FakeEngine):
 
 def test_refused_resets_under_keep_kv_are_retried_flagged_warned_and_counted(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     engines = [RefusingEngine(), RefusingEngine()]
-    with caplog.at_level(logging.INFO, logger="sao.rl.rollout.orchestrated"), \
+    with caplog.at_level(logging.INFO, logger="sao.rl.rollout.prefix_resets"), \
             FakeServer(responder=slow_responder) as a, FakeServer(responder=slow_responder) as b:
         trainer = make_async_trainer("async", "sao", tmp_path, [a, b], engines, max_steps=3, keep_kv=True)
         asyncio.run(trainer.run())

@@ -3,6 +3,7 @@ graded in a fresh one (see the package docstring)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -17,12 +18,17 @@ from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
 from .episode import Episode, first_messages, run_tool_calls
 from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded, unsubmitted
-from .images import ImageResolver, ResolvedImage, load_image_map
+from .image_prep import EnvImages
+from .images import ImageResolver, ResolvedImage, check_platform, instance_platform, load_image_map
+from .pulls import PULL_RETRIES
 from .instances import SWEInstance
 from .tools import SYSTEM_PROMPT, TOOLS, Workspace
 from .workspace import TESTBED, final_diff, prepare_workspace
 
 log = logging.getLogger(__name__)
+
+
+Limits = SandboxLimits | Mapping[str, Any]  # a mapping: the fields that change (SandboxLimits.overridden)
 
 
 def _default_limits(command_timeout_s: float) -> SandboxLimits:
@@ -33,18 +39,16 @@ def _default_limits(command_timeout_s: float) -> SandboxLimits:
 class SWEBenchEnv(TextEnv):
     """Resolve a SWE-bench instance with ``bash``/``editor``/``submit``; reward 1.0 when resolved.
 
-    ``images``: instance id -> image (or a JSON file of that map); ``pull``: pull missing images,
-    giving up after ``pull_timeout_s`` without progress; ``build``: build with swebench's
-    builders as a last resort. ``max_steps``: turns before truncation; ``max_format_errors``:
-    consecutive turns without a usable tool call before the episode ends.
-    ``command_timeout_s``: per bash command; ``eval_timeout_s``: the test run at grading.
-    ``limits``: the agent's container (default 2 CPUs, 4 GiB, 1024 processes, no network); ``grading_limits``:
-    the grader's (default: ``limits``). Either may be a :class:`SandboxLimits` or a mapping of the
-    fields to change (``{"cpus": 4}``, as ``sao-eval --cpus`` and ``--grading-network`` give it);
-    ``grading_limits`` then overrides ``limits``. Grading without network keeps the agent's code from
-    fetching the fix while the tests run; swebench's eval scripts for some repositories re-run
-    ``pip install -e .``, which may need network for build dependencies, in which case pass
-    ``grading_limits`` with ``network=True``. ``label``: the ``io.sao.sandbox`` label value of
+    ``images``: instance id -> image (or a JSON file of that map); ``pull``: pull missing images, a try given
+    up after ``pull_timeout_s`` without progress, ``pull_retries`` more; ``build``: swebench's builders as a
+    last resort; ``platform``: ``linux/amd64`` or ``linux/arm64`` for every image (default: the host's, and
+    ``linux/amd64`` for swebench's ``USE_X86`` instances on arm64: :func:`.images.instance_platform`).
+    ``max_steps``: turns before truncation; ``max_format_errors``: consecutive turns without a usable tool
+    call before the episode ends. ``command_timeout_s``: per bash command; ``eval_timeout_s``: the test run
+    at grading. ``limits``: the agent's container (2 CPUs, 4 GiB, 1024 processes, no network); ``grading_limits``:
+    the grader's (default ``limits``); each a SandboxLimits or a mapping of fields to change (``--cpus``, ...).
+    Grading without network keeps the agent's code from fetching the fix while the tests run (an eval script
+    that must download: ``grading_limits`` with ``network=True``). ``label``: the ``io.sao.sandbox`` label value of
     every container. ``hide_history``: remove every route to later commits (package docstring).
     ``autosubmit``: an episode that ends without ``submit`` (the step limit, format errors, a limit of
     the agent loop through :meth:`finish_cut`) has its diff graded, as SWE-agent does; with False it is
@@ -52,17 +56,16 @@ class SWEBenchEnv(TextEnv):
     """
 
     tools = TOOLS
-    # What evaluations get besides episodes (sao.envs.capabilities): `--agent gold|empty`, `--grade-only`, and
-    # (the method finish_cut) the end of an episode a limit of the agent loop cut.
-    scripted_policies = staticmethod(baseline_policy)
-    prediction_grader = staticmethod(grade_prediction)
+    # besides episodes (sao.envs.capabilities): --agent gold|empty, --grade-only, --prepare, finish_cut (a cut episode)
+    scripted_policies, prediction_grader = staticmethod(baseline_policy), staticmethod(grade_prediction)
+    instance_images = EnvImages
 
     def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
-                 pull_timeout_s: float = 30.0, build: bool = False, max_steps: int = 50, max_format_errors: int = 3,
+                 pull_timeout_s: float = 30.0, pull_retries: int = PULL_RETRIES, build: bool = False,
+                 platform: str | None = None, max_steps: int = 50, max_format_errors: int = 3,
                  command_timeout_s: float = 120.0, eval_timeout_s: float = 1800.0,
-                 limits: SandboxLimits | Mapping[str, Any] | None = None,
-                 grading_limits: SandboxLimits | Mapping[str, Any] | None = None,
+                 limits: Limits | None = None, grading_limits: Limits | None = None,
                  observation_chars: int = 12_000,
                  max_patch_bytes: int = 2_000_000, label: str = LABEL_VALUE, hide_history: bool = True,
                  system_prompt: str | None = SYSTEM_PROMPT, docker_client: Any = None, autosubmit: bool = True,
@@ -70,8 +73,8 @@ class SWEBenchEnv(TextEnv):
         super().__init__(render_mode=render_mode)
         if not instances:
             raise DatasetError(f"{name}: no instances")
-        problems = [f"{k} must be >= 1 (got {v})" for k, v in
-                    (("max_steps", max_steps), ("max_format_errors", max_format_errors)) if v < 1]
+        problems = [f"{k} must be >= {low} (got {v})" for k, v, low in (("max_steps", max_steps, 1),
+                    ("max_format_errors", max_format_errors, 1), ("pull_retries", pull_retries, 0)) if v < low]
         problems += [f"{k} must be > 0 (got {v})" for k, v in
                      (("command_timeout_s", command_timeout_s), ("eval_timeout_s", eval_timeout_s),
                       ("observation_chars", observation_chars), ("max_patch_bytes", max_patch_bytes)) if not v > 0]
@@ -84,6 +87,7 @@ class SWEBenchEnv(TextEnv):
             raise DatasetError(f"{name}: duplicate instance ids")
         self.image_map = load_image_map(images)
         self.pull, self.pull_timeout_s, self.build = pull, pull_timeout_s, build
+        self.pull_retries, self.platform = pull_retries, check_platform(platform)
         self.max_steps, self.max_format_errors = max_steps, max_format_errors
         self.command_timeout_s, self.eval_timeout_s = command_timeout_s, eval_timeout_s
         self.limits = _default_limits(command_timeout_s).overridden(limits)
@@ -119,7 +123,7 @@ class SWEBenchEnv(TextEnv):
         image = self.resolve_image(inst)
         resolved = time.monotonic()
         sb = DockerSandbox(image.name, limits=self.limits, label=self.label, client=self._docker(), workdir=TESTBED,
-                           name_prefix="sao-swe-")
+                           name_prefix="sao-swe-", platform=image.platform)
         running = time.monotonic()
         try:
             baseline = prepare_workspace(sb, inst.base_commit, hide_history=self.hide_history)
@@ -165,12 +169,9 @@ class SWEBenchEnv(TextEnv):
     def close(self) -> None:
         self._end_workspace()
         if self._own_client and self._client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self._client = None
-            self._resolver = None
+            self._client, self._resolver = None, None
         super().close()
 
     # -- internals ------------------------------------------------------------------------------
@@ -208,20 +209,22 @@ class SWEBenchEnv(TextEnv):
         return {**self._info(), "correct": bool(result.resolved), "answer": text or None, "error": result.error,
                 "eval_error": result.eval_error,
                 "report": result.report, "patch": text, "exit_status": exit_status, "image": ep.image.name,
-                "image_source": ep.image.source, "grading_log": result.log, **kept}
+                "image_source": ep.image.source, "image_pulled": ep.image.pulled, "grading_log": result.log, **kept}
 
     def resolve_image(self, inst: SWEInstance) -> ResolvedImage:
         """The image of ``inst`` (see :class:`ImageResolver`); raises :class:`InstanceImageError` when none works."""
         if self._resolver is None:
-            self._resolver = ImageResolver(self._docker(), images=self.image_map, pull=self.pull,
-                                           pull_timeout_s=self.pull_timeout_s, build=self.build)
+            self._resolver = ImageResolver(self._docker(), images=self.image_map, pull=self.pull, build=self.build,
+                                           pull_timeout_s=self.pull_timeout_s, pull_retries=self.pull_retries,
+                                           platform=self.platform)
         return self._resolver.resolve(inst)
 
     def grade_diff(self, inst: SWEInstance, patch: bytes, image: str) -> GradeResult:
         """Grade a non-empty ``patch`` in a fresh container of ``image`` with this environment's grading
         settings; an unexpected failure is recorded as an infrastructure error (a bad rollout is data)."""
+        platform = instance_platform(inst.instance_id, self.platform)[1]  # as the agent's container had it
         try:
-            return grade_patch(inst, patch, image, client=self._docker(), label=self.label,
+            return grade_patch(inst, patch, image, client=self._docker(), label=self.label, platform=platform,
                                limits=self.grading_limits, timeout_s=self.eval_timeout_s,
                                hide_history=self.hide_history)
         except Exception as exc:  # noqa: BLE001 - record why grading broke

@@ -264,13 +264,13 @@ class _TestRun:
 
 def _run_tests(inst: SWEInstance, patch: bytes | None, image: str, script: str, test_spec: Any, parser: Any,
                existing: list[str], created: list[str], *, client: Any, label: str, limits: SandboxLimits | None,
-               timeout_s: float, hide_history: bool) -> _TestRun:
+               timeout_s: float, hide_history: bool, platform: str | None = None) -> _TestRun:
     """Apply ``patch`` (None: no diff, the base code) in a fresh container of ``image``, reset the
     tests ``test_patch`` touches, run the eval script and grade its log."""
     run = _TestRun()
     try:
         sb = DockerSandbox(image, limits=limits or SandboxLimits(), label=label, client=client, workdir=TESTBED,
-                           name_prefix="sao-swe-grade-")
+                           name_prefix="sao-swe-grade-", platform=platform)
     except SandboxError as exc:
         run.error = f"the grading container did not start: {exc}"
         return run
@@ -325,8 +325,9 @@ def _run_tests(inst: SWEInstance, patch: bytes | None, image: str, script: str, 
 
 def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = None, label: str = LABEL_VALUE,
                 limits: SandboxLimits | None = None, timeout_s: float = 1800.0, hide_history: bool = True,
-                log_chars: int = 20_000) -> GradeResult:
-    """Grade ``patch`` (the agent's diff) in a fresh container of ``image``; see the package docstring.
+                log_chars: int = 20_000, platform: str | None = None) -> GradeResult:
+    """Grade ``patch`` (the agent's diff) in a fresh container of ``image`` (its ``platform`` variant when
+    given, as :class:`~sao.sandboxes.DockerSandbox` takes it); see the package docstring.
 
     ``hide_history`` removes the commits after ``base_commit`` from the grading container too: the
     agent's code runs there (the tests import it), and could otherwise read the fix from the
@@ -361,7 +362,8 @@ def grade_patch(inst: SWEInstance, patch: bytes, image: str, *, client: Any = No
         existing, created = patch_files(inst.test_patch)
     except Exception as exc:  # noqa: BLE001 - e.g. a test_patch unidiff cannot parse: the instance's fault
         return done("error", error=f"cannot build the eval script for this instance: {type(exc).__name__}: {exc}")
-    kwargs = dict(client=client, label=label, limits=limits, timeout_s=timeout_s, hide_history=hide_history)
+    kwargs = dict(client=client, label=label, limits=limits, timeout_s=timeout_s, hide_history=hide_history,
+                  platform=platform)
     run = _run_tests(inst, patch, image, script, test_spec, parser, existing, created, **kwargs)
     if run.error is not None:
         return done("error", run, run.error)

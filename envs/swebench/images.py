@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import platform
+import platform as host
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,16 @@ from sao.sandboxes import SandboxStartError
 
 from ..errors import DatasetError, TaskError
 from .instances import SWEInstance
+from .pulls import PLATFORMS, PULL_RETRIES, pull_image
 
 
 class InstanceImageError(TaskError, SandboxStartError):
-    """No image could be found, pulled or built for an instance; the message lists every attempt."""
+    """No image could be found, pulled or built for an instance; the message lists every attempt
+    (``attempts``, one line each)."""
+
+    def __init__(self, message: str, attempts: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.attempts = attempts
 
 
 @dataclass(frozen=True)
@@ -28,12 +33,37 @@ class ResolvedImage:
     name: str
     source: str  # images-arg | row-image | swebench-name | swebench-build
     pulled: bool = False
+    platform: str | None = None  # the platform it was asked for (pulls, containers); None: the daemon's own
 
 
 def docker_arch() -> str:
     """swebench's name for this machine's architecture (``x86_64`` or ``arm64``)."""
-    machine = platform.machine().lower()
+    machine = host.machine().lower()
     return "arm64" if machine in ("arm64", "aarch64") else "x86_64"
+
+
+def instance_platform(instance_id: str, platform: str | None = None) -> tuple[str, str | None]:
+    """``(arch, platform)``: the architecture in swebench's names of the instance's image and the platform to
+    pull it for and run it on. ``platform`` (``linux/amd64`` or ``linux/arm64``) decides when given; else
+    an instance of swebench's ``USE_X86`` (its environment does not build on arm64) is ``linux/amd64`` on
+    an arm64 host, as swebench's harness runs it; else the host's own (platform None)."""
+    if platform is not None:
+        return PLATFORMS[check_platform(platform)], platform
+    if docker_arch() == "arm64":
+        from swebench.harness.constants import USE_X86
+
+        if instance_id in USE_X86:
+            return "x86_64", "linux/amd64"
+    return docker_arch(), None
+
+
+def check_platform(platform: str | None) -> str | None:
+    """``platform`` when it is one of :data:`~.pulls.PLATFORMS` (or None), else a ``ValueError`` naming them."""
+    if platform is not None and platform not in PLATFORMS:
+        from sao.hints import did_you_mean
+
+        raise ValueError(f"platform {platform!r} is not one of {sorted(PLATFORMS)}.{did_you_mean(platform, PLATFORMS)}")
+    return platform
 
 
 def swebench_image_names(instance_id: str, arch: str | None = None, namespace: str = "swebench") -> tuple[str, str]:
@@ -48,13 +78,15 @@ class ImageResolver:
     ``image``, swebench's names (local or pulled), swebench's build."""
 
     def __init__(self, client: Any, *, images: Mapping[str, str] | None = None, pull: bool = True,
-                 pull_timeout_s: float = 30.0, pull_max_s: float = 3600.0, build: bool = False,
-                 build_timeout_s: float = 3600.0):
+                 pull_timeout_s: float = 30.0, pull_max_s: float = 3600.0, pull_retries: int = PULL_RETRIES,
+                 build: bool = False, build_timeout_s: float = 3600.0, platform: str | None = None):
         self.client = client
         self.images = dict(images or {})
         self.pull = pull
         self.pull_timeout_s = pull_timeout_s
         self.pull_max_s = pull_max_s
+        self.pull_retries = pull_retries
+        self.platform = check_platform(platform)
         self.build = build
         self.build_timeout_s = build_timeout_s
         self._failed_pulls: dict[str, str] = {}
@@ -63,7 +95,8 @@ class ImageResolver:
     def resolve(self, inst: SWEInstance) -> ResolvedImage:
         attempts: list[str] = []
         candidates: list[tuple[str, str]] = []
-        local, remote = swebench_image_names(inst.instance_id)
+        arch, platform = instance_platform(inst.instance_id, self.platform)
+        local, remote = swebench_image_names(inst.instance_id, arch)
         if inst.instance_id in self.images:
             # An image the user named explicitly is the only candidate: falling back to another one
             # would grade against an environment the user did not ask for.
@@ -77,20 +110,21 @@ class ImageResolver:
             candidates += [(local, "swebench-name"), (remote, "swebench-name")]
         for name, source in candidates:
             if self._present(name, attempts, source):
-                return ResolvedImage(name, source)
+                return ResolvedImage(name, source, platform=platform)
             if name == local:  # swebench's own builders' tag; it is never published, so not pulled
                 continue
-            if self.pull and self._pull(name, attempts, source):
-                return ResolvedImage(name, source, pulled=True)
+            if self.pull and self._pull(name, attempts, source, platform):
+                return ResolvedImage(name, source, pulled=True, platform=platform)
         if not self.pull:
             attempts.append("pull: pulling is off (pull=False)")
-        built = self._build(inst, attempts) if inst.instance_id not in self.images else None
+        built = self._build(inst, attempts, arch) if inst.instance_id not in self.images else None
         if built:
-            return ResolvedImage(built, "swebench-build")
+            return ResolvedImage(built, "swebench-build", platform=platform)
         raise InstanceImageError(
             f"no image for instance {inst.instance_id!r}:\n- " + "\n- ".join(attempts)
             + "\nProvide one with images={instance_id: image} or the row's `image` field, load swebench's image "
-              f"({remote}) with `docker load`, or pass build=True where swebench's builders can reach the network.")
+              f"({remote}) with `docker load`, or pass build=True where swebench's builders can reach the network.",
+            tuple(attempts))
 
     def _present(self, name: str, attempts: list[str], source: str) -> bool:
         import docker.errors
@@ -104,51 +138,23 @@ class ImageResolver:
             attempts.append(f"{source}: cannot look up {name}: {type(exc).__name__}: {exc}")
         return False
 
-    def _pull(self, name: str, attempts: list[str], source: str) -> bool:
+    def _pull(self, name: str, attempts: list[str], source: str, platform: str | None) -> bool:
         with self._lock:
             if name in self._failed_pulls:
                 attempts.append(f"{source}: pull {name} failed earlier ({self._failed_pulls[name]})")
                 return False
-        from docker.utils import parse_repository_tag
-
-        repository, tag = parse_repository_tag(name)
-        started = time.monotonic()
-        outcome: dict[str, Any] = {"last_event": started}
-
-        def pull() -> None:
-            try:
-                for event in self.client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
-                    outcome["last_event"] = time.monotonic()
-                    if isinstance(event, dict) and event.get("error"):
-                        raise RuntimeError(event["error"])
-                self.client.images.get(name)
-                outcome["ok"] = True
-            except Exception as exc:  # noqa: BLE001 - reported below
-                outcome["error"] = f"{type(exc).__name__}: {exc}"
-
-        # The time limit is on silence (no progress from the registry), so that a slow but moving
-        # download of a multi-GB image goes on, and an unreachable registry fails fast.
-        worker = threading.Thread(target=pull, name=f"pull-{name}", daemon=True)
-        worker.start()
-        reason = ""
-        while worker.is_alive():
-            worker.join(0.25)
-            now = time.monotonic()
-            if now - outcome["last_event"] > self.pull_timeout_s:
-                reason = f"no progress for {self.pull_timeout_s:g} s"
-                break
-            if now - started > self.pull_max_s:
-                reason = f"not done within pull_max_s={self.pull_max_s:g} s"
-                break
-        if outcome.get("ok"):
+        result = pull_image(self.client, name, platform=platform, timeout_s=self.pull_timeout_s,
+                            max_s=self.pull_max_s, retries=self.pull_retries)
+        if result.ok:
             return True
-        reason = outcome.get("error") or reason
+        tries = f"{result.tries} tries: " if result.tries > 1 else ""
+        reason = f"{tries}{result.reason}" + (" - not retried, the registry's answer is final" * result.definitive)
         with self._lock:
             self._failed_pulls[name] = reason
-        attempts.append(f"{source}: pull {name} failed ({reason})")
+        attempts.append(f"{source}: pull {name}{f' for {platform}' if platform else ''} failed ({reason})")
         return False
 
-    def _build(self, inst: SWEInstance, attempts: list[str]) -> str | None:
+    def _build(self, inst: SWEInstance, attempts: list[str], arch: str) -> str | None:
         if not self.build:
             attempts.append("swebench-build: building is off (pass build=True to build with swebench's builders; "
                             "they download the repository, conda and packages, so they need network access)")
@@ -164,7 +170,7 @@ class ImageResolver:
                 from swebench.harness.docker_build import build_env_images, build_instance_image
                 from swebench.harness.test_spec.test_spec import make_test_spec
 
-                spec = make_test_spec(inst.swebench_row(), namespace=None, arch=docker_arch())
+                spec = make_test_spec(inst.swebench_row(), namespace=None, arch=arch)
                 _, failed = build_env_images(self.client, [spec], max_workers=1)
                 if failed:
                     raise RuntimeError(f"environment image {spec.env_image_key} failed to build")

@@ -10,7 +10,8 @@ whose parts live by role:
 - :mod:`sao.rl.rollout.replica_health`: :class:`Replica`, :class:`HealthConfig` and the replicas' watches
   (:class:`~sao.agents.engine.watch.EngineWatch`), which turn a crashed or hung replica into
   ``ReplicaDied``, restart it and report ``ReplicaRestarted``;
-- :mod:`sao.rl.rollout.served`: what each replica serves, the one record of its version;
+- :mod:`sao.rl.rollout.served`: what each replica serves, the one record of its version and of its KV
+  cache; :mod:`sao.rl.rollout.prefix_resets`: a refused prefix-cache reset, warned about and retried;
 - :mod:`sao.rl.rollout.versioned_client`: the version of every turn (the oldest counts for staleness);
 - :mod:`sao.rl.prompts.open_prompts`: the prompts admitted but not yet trained.
 
@@ -42,6 +43,7 @@ from sao.agents import Trajectory
 from sao.rl.prompts import OpenPrompts, PromptRef, ref_from_dict, ref_to_dict
 from sao.rl.rollout.driver_loop import DriverLoop, RunEpisode
 from sao.rl.rollout.off_schedule import OffSchedule
+from sao.rl.rollout.prefix_resets import PrefixResets
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaControl
 from sao.rl.rollout.schedulers import (
     UNKNOWN_VERSION, ClosedCounts, Scheduler, SchedulerConfig, TrainStepDone, make_scheduler,
@@ -80,8 +82,6 @@ class OrchestratedRollout:
         self.weights_root, self.reload_timeout_s = Path(weights_root), reload_timeout_s
         self.on_trajectory = on_trajectory
         self.keep_kv = keep_kv  # a load keeps the in-flight requests' KV blocks (sao.rl.weights.load)
-        self._warned_kv: set[int] = set()  # replicas whose refused prefix-cache reset was warned about
-        self._retrying: set[int] = set()  # replicas whose reset is being retried
         self._prompts = OpenPrompts(tasks)
         self.start_version = 0
         self._versions = ServedVersions(len(replicas))
@@ -92,6 +92,7 @@ class OrchestratedRollout:
                                   health=health, on_restart=on_restart,
                                   # a batch's worth of requests, each failed as often as it may, and none ok
                                   failing_after=config.batch_size * config.max_failures)
+        self._resets = PrefixResets(replicas, self._versions, self._driver.health, self._driver.spawn, keep_kv=keep_kv)
         self._loop_task: asyncio.Task[None] | None = None
         self._loaded: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
@@ -251,42 +252,5 @@ class OrchestratedRollout:
             return  # the learner's WeightSync loaded it (sao.rl.weights.replica_sync)
         await load_weights(self.replicas[rid].control, version_dir(self.weights_root, version).resolve(), version,
                            mode="keep", timeout_s=self.reload_timeout_s, keep_kv=self.keep_kv,
-                           before_resume=lambda reset: self._resumed(rid, version, reset))
+                           before_resume=lambda reset: self._resets.resumed(rid, version, reset))
 
-    def _resumed(self, rid: int, version: int, reset: bool) -> None:
-        """Replica ``rid`` resumes on ``version``: record it, and whether its KV cache may hold old-weights
-        blocks (its prefix cache not ``reset``: :mod:`sao.rl.rollout.served`'s rule), retrying the reset."""
-        self._versions.apply(Served(rid, version))
-        if reset:
-            self._versions.kv_reset(rid)
-            return
-        self._versions.old_kv(rid)
-        why = "rollout.keep_kv kept the in-flight requests' blocks" if self.keep_kv else "blocks were in use"
-        first = rid not in self._warned_kv
-        self._warned_kv.add(rid)
-        log.log(logging.WARNING if first else logging.INFO,
-                "replica %d resumed on version %d with its prefix cache not reset (the engine refused: %s); "
-                "turns sampled until a retry of the reset succeeds are flagged old_kv: their tokens may have been "
-                "computed over a prefix of the old weights (%d refused so far: rollout/prefix_reset_refused)",
-                rid, version, why, self._versions.refused_resets)
-        if rid not in self._retrying:
-            self._retrying.add(rid)
-            self._driver.spawn(self._retry_reset(rid))
-
-    async def _retry_reset(self, rid: int, first_delay_s: float = 0.05, max_delay_s: float = 1.0) -> None:
-        """Retry replica ``rid``'s prefix-cache reset, backing off, until it succeeds (its KV cache is then
-        clean), the replica dies (a restart starts clean) or a later load reset it."""
-        health, delay = self._driver.health, first_delay_s
-        generation = health.generation(rid)
-        try:
-            while self._versions.kv(rid).old and health.current(rid, generation):
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, max_delay_s)
-                try:
-                    if await self.replicas[rid].control.reset_prefix_cache():
-                        self._versions.kv_reset(rid)
-                        log.info("replica %d: prefix cache reset; its turns are no longer flagged old_kv", rid)
-                except Exception as exc:  # noqa: BLE001 - the watch decides whether the replica died
-                    log.debug("replica %d: prefix-cache reset failed: %r", rid, exc)
-        finally:
-            self._retrying.discard(rid)
