@@ -7,6 +7,7 @@ every event the scheduler's own invariant check (ledger balance, C1, ...) must p
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -311,6 +312,19 @@ def test_rebalance_is_validated_like_the_other_fields():
     assert SchedulerConfig().rebalance is False
     with pytest.raises(ConfigError, match="rebalance"):
         SchedulerConfig(rebalance="yes")  # type: ignore[arg-type]
+
+
+def test_the_real_driver_refuses_rebalance_until_it_can_move_a_request():
+    from hydra import compose, initialize_config_module
+
+    from sao.rl.cli.train import to_config
+    from sao.rl.config import validate
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        cfg = to_config(compose("config", overrides=["rollout=multi_version", "rollout.rebalance=true"]))
+        validate(replace(cfg, rollout=replace(cfg.rollout, rebalance=False)))  # the same run without it is fine
+        with pytest.raises(ConfigError, match="rollout.rebalance=true: the real driver cannot move"):
+            validate(cfg)
 
 
 # ---------------------------------------------------------------- pipe (RolloutPipe)
