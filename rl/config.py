@@ -339,7 +339,7 @@ class RolloutConfig:
     # multi_version: move running requests between replicas of one old version so a draining replica with
     # at most drain_below x concurrency left empties and upgrades at once (DORA's rebalancing). Only sao-sim
     # executes the move: true is refused here. sao-sim paper_like, k = 4, at 64 and 256 replicas: draining
-    # replica-time cut 2.3-6.6x, trained tokens/s 0.93-0.98x of admit_lag=0 (docs/results/dora-rebalancing.md).
+    # replica-time cut 2.4-6.6x, trained tokens/s 0.93-0.98x of admit_lag=0 (docs/results/dora-rebalancing.md).
     rebalance: bool = False
     # A new version loaded into a replica with requests in flight (async, pipe): False (the default)
     # clears vLLM's KV cache, so every request in flight computes its context again on the new weights
