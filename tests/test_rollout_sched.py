@@ -7,6 +7,7 @@ every event the scheduler's own invariant check (ledger balance, C1, ...) must p
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from sao.rl.rollout.schedulers import (
     Discard,
     Ledger,
     LedgerError,
+    MoveTrajectory,
     MultiVersionScheduler,
     OneStepOffScheduler,
     PipeScheduler,
@@ -229,6 +231,100 @@ def test_admit_lag_defaults_to_the_spec_rule_and_is_bounded_by_k():
     assert SchedulerConfig().admit_lag == 0
     with pytest.raises(ConfigError, match="admit_lag"):
         SchedulerConfig(staleness=2, admit_lag=3)
+
+
+def _two_stragglers(rebalance: bool, drain_below: float = 0.5):
+    """2 replicas x 4 slots, batch 2, k = 1: four trajectories start (t0, t2 on replica 0; t1, t3 on 1),
+    t0 and t1 finish and are trained; at t = 10 step 0 ends and each replica holds one straggler of
+    version 0."""
+    cfg = SchedulerConfig(batch_size=2, max_concurrency=4, staleness=1, drain_below=drain_below, rebalance=rebalance)
+    s = MultiVersionScheduler(cfg, n_replicas=2)
+    t0, t1, t2, t3 = s.start(0.0)
+    assert [t.replica for t in (t0, t1, t2, t3)] == [0, 1, 0, 1]
+    feed(s, done(t0), 1.0)
+    assert of(feed(s, done(t1), 2.0), TrainOn) == [TrainOn(0, (t0.traj_id, t1.traj_id))]
+    return s, t2, t3, feed(s, TrainStepDone(1), 10.0)
+
+
+def test_rebalance_empties_the_lighter_old_replica_into_its_peer_of_the_same_version():
+    s, t2, t3, out = _two_stragglers(rebalance=True)
+    # both replicas hold 1 <= 0.5 x 4 stragglers; replica 0 sorts first (load 1, id 0) and moves its
+    # straggler onto replica 1 (load 1, id 1: the larger key), then upgrades at once
+    assert of(out, MoveTrajectory) == [MoveTrajectory(t2.traj_id, 0, 1, 0)]
+    assert of(out, SyncReplica) == [SyncReplica(0, 1)]
+    assert out.index(of(out, MoveTrajectory)[0]) < out.index(SyncReplica(0, 1))  # moved before the sync
+    assert s.book.pool[1].in_flight == {t2.traj_id, t3.traj_id}
+    new = of(feed(s, SyncDone(0, 1), 12.0), StartTrajectory)
+    assert new and {a.replica for a in new} == {0} and {a.version for a in new} == {1}
+    out = feed(s, done(t2), 15.0)  # the moved trajectory ends on replica 1, all its tokens of version 0 (C1)
+    assert not of(out, SyncReplica)  # replica 1 still runs t3
+    assert of(feed(s, done(t3), 20.0), SyncReplica) == [SyncReplica(1, 1)]
+    st = s.stats()
+    assert st["multi_version/moves"] == 1.0
+    # draining: replica 0 none (it moved its straggler and synced at t = 10); replica 1 from 10 to 20
+    assert st["multi_version/drain_replica_s"] == pytest.approx(10.0)
+
+
+def test_without_rebalance_each_old_replica_drains_alone():
+    s, t2, t3, out = _two_stragglers(rebalance=False)
+    assert not of(out, MoveTrajectory) and not of(out, SyncReplica)
+    assert of(feed(s, done(t2), 15.0), SyncReplica) == [SyncReplica(0, 1)]
+    feed(s, SyncDone(0, 1), 16.0)
+    assert of(feed(s, done(t3), 20.0), SyncReplica) == [SyncReplica(1, 1)]
+    # draining: replica 0 from 10 to 15, replica 1 from 10 to 20: 5 + 10 replica-seconds
+    assert s.stats()["multi_version/drain_replica_s"] == pytest.approx(15.0)
+    assert s.stats()["multi_version/moves"] == 0.0
+
+
+def test_rebalance_leaves_a_replica_with_more_than_a_few_stragglers():
+    s, _, _, out = _two_stragglers(rebalance=True, drain_below=0.1)  # 0.1 x 4 = 0.4 < 1 straggler
+    assert not of(out, MoveTrajectory) and not of(out, SyncReplica)
+
+
+def test_rebalance_moves_only_when_the_whole_replica_fits_elsewhere():
+    """3 trajectories on replica 0 (full), 1 on replica 1 (3 slots each): after the step replica 1's
+    straggler would need a free slot on replica 0, which has none; replica 0 only moves onto a more
+    loaded peer, and there is none: nothing moves."""
+    cfg = SchedulerConfig(batch_size=1, max_concurrency=3, staleness=4, drain_below=1.0, rebalance=True)
+    s = MultiVersionScheduler(cfg, n_replicas=2)
+    starts = s.start(0.0)
+    assert len(starts) == 5  # (k + 1) x batch
+    first = next(a for a in starts if a.replica == 1)
+    out = feed(s, done(first), 1.0)  # replica 1 now holds 1, replica 0 holds 3
+    assert of(out, TrainOn)
+    assert not of(out, StartTrajectory)  # 4 untrained fill the k + 1 = 5 steps' budget at next step 1
+    assert [s.book.pool[r].load for r in (0, 1)] == [3, 1]
+    out = feed(s, TrainStepDone(1), 2.0)
+    assert not of(out, MoveTrajectory) and not of(out, SyncReplica)
+    assert [s.book.pool[r].status.value for r in (0, 1)] == ["draining", "draining"]
+
+
+def test_a_move_between_versions_is_refused():
+    cfg = SchedulerConfig(batch_size=1, max_concurrency=2, staleness=2, rebalance=True)
+    s = MultiVersionScheduler(cfg, n_replicas=2)
+    a = s.start(0.0)[0]
+    s.book.pool[1].version = 5  # the other replica serves another version
+    with pytest.raises(LedgerError, match="C1"):
+        s.book.move(a.traj_id, 1)
+
+
+def test_rebalance_is_validated_like_the_other_fields():
+    assert SchedulerConfig().rebalance is False
+    with pytest.raises(ConfigError, match="rebalance"):
+        SchedulerConfig(rebalance="yes")  # type: ignore[arg-type]
+
+
+def test_the_real_driver_refuses_rebalance_until_it_can_move_a_request():
+    from hydra import compose, initialize_config_module
+
+    from sao.rl.cli.train import to_config
+    from sao.rl.config import validate
+
+    with initialize_config_module("sao.conf", version_base="1.3"):
+        cfg = to_config(compose("config", overrides=["rollout=multi_version", "rollout.rebalance=true"]))
+        validate(replace(cfg, rollout=replace(cfg.rollout, rebalance=False)))  # the same run without it is fine
+        with pytest.raises(ConfigError, match="rollout.rebalance=true: the real driver cannot move"):
+            validate(cfg)
 
 
 # ---------------------------------------------------------------- pipe (RolloutPipe)

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sao.agents.routing.routers import ROUTERS
-from sao.rl.rollout.schedulers import SchedulerConfig, StartTrajectory
+from sao.rl.rollout.schedulers import MoveTrajectory, SchedulerConfig, StartTrajectory
 from sao.rl.rollout.schedulers.lengths import LengthStats, quantile
-from sao.rl.rollout.sim.simulator import SIM_MODES, Simulation, simulate
+from sao.rl.rollout.sim.simulator import SIM_MODES, SimError, Simulation, simulate
 from sao.rl.rollout.sim.config import (
     EngineConfig,
     Lognormal,
@@ -99,6 +99,61 @@ def test_staleness_bound_and_one_version_per_trajectory(config, engines):
         assert a.max_staleness <= k and a.masked == 0
     else:
         assert a.dropped_stale == 0 and a.masked == sum(n for s, n in a.staleness_hist.items() if s > k)
+
+
+@FAST
+@given(config=small_runs(), engines=st.integers(2, 5), drain_below=st.sampled_from([0.25, 0.5, 1.0]),
+       lag=st.integers(0, 3))
+def test_rebalancing_loses_nothing_and_keeps_versions_honest(config, engines, drain_below, lag):
+    """With moves between replicas (drawn up to every draining replica's whole load), the scheduler's
+    checks hold after every event (ledger, one version per replica's in-flight work), the fleet refuses
+    any move across versions, and the audit finds nothing lost, no mixed versions, staleness <= k."""
+    k = config.scheduler.staleness
+    config = replace(config, scheduler=replace(config.scheduler, drain_below=drain_below, admit_lag=min(lag, k),
+                                               rebalance=True))
+    sim = run("multi_version", config, engines)
+    r = sim.result
+    assert r.lost == 0 and r.mixed_version == 0 and r.dropped_stale == 0 and r.max_staleness <= k
+    assert r.trained == config.steps * config.scheduler.batch_size
+    assert r.moves == sim.scheduler.moves  # every move the scheduler issued was executed (about 1 run in 4 moves)
+    assert 0.0 <= r.drain_share <= 1.0
+
+
+def test_rebalancing_moves_stragglers_and_cuts_draining_time():
+    cfg = _multi_turn(staleness=2, drain_below=0.5)
+    base = simulate("multi_version", cfg, 4)
+    moved = simulate("multi_version_rebalance", cfg, 4)
+    assert base.moves == 0 and moved.moves > 0
+    assert moved.move_prefill_tokens > 0  # mid-turn moves recomputed their prefix on the target
+    assert moved.drain_replica_s < base.drain_replica_s
+    assert moved.lost == 0 and moved.mixed_version == 0 and moved.max_staleness <= 2
+
+
+def test_a_mid_turn_move_pays_its_prefix_on_the_target():
+    """Cost model of a move: cancelled on the source, the target prefills prompt + tokens generated so
+    far (``prefill_cost`` each; nothing cached there) and decodes the rest of the turn."""
+    cfg = _multi_turn(staleness=2, rebalance=True)
+    sim = Simulation("multi_version_rebalance", cfg, 2)
+    sim._execute(sim.scheduler.start(0.0))
+    fleet, c = sim.fleet, cfg.engine.prefill_cost
+    tid = min(fleet.on_engine[0])
+    tr, src, dst = fleet.trajs[tid], fleet.engines[0], fleet.engines[1]
+    turn = tr.spec.turns[0]
+    finish = next(f for f, t in src._heap if t == tid)  # work: prefill (P x c) first, then R response tokens
+    sim.now = (finish - turn.response_tokens / 2) / cfg.engine.per_sequence_tps(src.decoding)  # half its response out
+    src.advance(sim.now)
+    left = next(f for f, t in src._heap if t == tid) - src._S
+    assert left == pytest.approx(turn.response_tokens / 2)
+    generated = turn.response_tokens - round(left)
+    fleet.move(MoveTrajectory(tid, 0, 1, 0))
+    assert tid not in src.decoding_ids() and tr.engine == tr.at == 1 and tr.versions == [0]
+    dst.advance(sim.now)
+    work = next(f for f, t in dst._heap if t == tid) - dst._S
+    assert work == pytest.approx(left + (turn.prefill_tokens + generated) * c)
+    assert fleet.move_prefill_tokens == turn.prefill_tokens + generated
+    with pytest.raises(SimError, match="C1"):  # a target at another version is refused
+        dst.version = 7
+        fleet.move(MoveTrajectory(min(fleet.on_engine[0]), 0, 1, 0))
 
 
 @FAST

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help=f"comma list of modes (default {DEFAULT_MODES}; also async_mask, async_drop, multi_version_lag, "
+                        "multi_version_rebalance, "
                         "sync_grpo); "
                         "pipe adds its baseline sync_grpo")
     p.add_argument("--engines", type=_int_list, default=[256], help="engine replicas, a comma list (default 256)")

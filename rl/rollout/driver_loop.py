@@ -7,6 +7,9 @@
                                                ... -> SyncDone
     TrainOn(step, trajs, final)             -> a part of the learner's next batch, put on ``batches``
     Discard / Requeue / RecordFailed        -> write the attempt down (nothing is lost)
+    MoveTrajectory                          -> refused (RolloutError): moving a running request between
+                                               replicas exists only in sao-sim; rollout.rebalance=true is
+                                               a ConfigError (sao.rl.config.scheduler_config)
 
 One consumer (:meth:`DriverLoop.run`) reads the event queue and calls the scheduler, so the
 scheduler needs no lock. Replica health is :class:`~sao.rl.rollout.replica_health.ReplicaHealth`'s; what each
@@ -28,8 +31,10 @@ from sao.agents.loop import episode_seed
 from sao.rl.prompts import OpenPrompts
 from sao.rl.rollout.failure_streak import FailureStreak
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaHealth
+from sao.rl.errors import RolloutError
 from sao.rl.rollout.schedulers import (
     Discard,
+    MoveTrajectory,
     RecordFailed,
     ReplicaDied,
     ReplicaRestarted,
@@ -181,6 +186,9 @@ class DriverLoop:
                 # Decided before the scheduler read the queued ReplicaDied, which ends this attempt
                 # (re-queued) or this sync: nothing to run.
                 log.debug("skipping %r: replica %d is dead", action, action.replica)
+            elif isinstance(action, MoveTrajectory):
+                raise RolloutError(f"{action!r}: the real driver cannot move a running request between replicas "
+                                   "(only sao-sim executes MoveTrajectory); run with rollout.rebalance=false")
             elif isinstance(action, StartTrajectory):
                 self._running[action.traj_id] = (action, self.spawn(self._episode(action)))
             elif isinstance(action, SyncReplica):

@@ -29,7 +29,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "batched": ["OneStepOffScheduler", "PipeScheduler", "SyncScheduler"],
-        "core": ["Action", "ConfigError", "CountingPrompts", "Discard", "Event", "LedgerError", "Prompt",
+        "core": ["Action", "ConfigError", "CountingPrompts", "Discard", "Event", "LedgerError", "MoveTrajectory", "Prompt",
                  "PromptSource", "RecordFailed", "ReplicaDied", "ReplicaRestarted", "ReplicaStatus", "Requeue",
                  "RolloutError", "STALE_POLICIES", "Scheduler", "SchedulerConfig", "StartTrajectory", "SyncDone",
                  "SyncReplica", "TrainOn", "TrainStepDone", "TrajectoryFinished", "unknown_name"],

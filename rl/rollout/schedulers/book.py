@@ -18,6 +18,7 @@ from sao.rl.rollout.schedulers.core import (
     CountingPrompts,
     Discard,
     LedgerError,
+    MoveTrajectory,
     Prompt,
     PromptSource,
     RecordFailed,
@@ -94,6 +95,16 @@ class Book:
         v = self.published if version is None else version
         self.pool.begin_sync(rid, v)
         return SyncReplica(rid, v)
+
+    def move(self, traj_id: int, to: int) -> MoveTrajectory:
+        """Continue running attempt ``traj_id`` on replica ``to`` (same version, a free slot)."""
+        a = self.ledger.get(traj_id)
+        if a is None:
+            raise LedgerError(f"trajectory {traj_id} is not live; it cannot move")
+        src = a.replica
+        self.pool.move(traj_id, src, to)
+        self.ledger.move(traj_id, to)
+        return MoveTrajectory(traj_id, src, to, a.version)
 
     def finished(self, traj_id: int) -> Attempt | None:
         """Free the attempt's slot. None for an attempt that already ended (its replica died)."""

@@ -16,6 +16,11 @@ Driver contract (what each action means and which event must come back):
 * :class:`TrainOn` -- append to the trainer's FIFO. The trainer runs them in order (a gradient
   accumulation micro-batch each); after one with ``final=True`` it takes the optimizer step and
   sends :class:`TrainStepDone` with the new version ``step + 1``.
+* :class:`MoveTrajectory` -- ``multi_version`` with ``rebalance``: cancel the running episode on
+  ``from_replica`` and continue it on ``to_replica``, which serves the same ``version`` (C1), from its
+  prompt plus every token generated so far (the target prefills that prefix again), keeping the
+  per-token versions and log-probs; no event answers it (the episode's end still sends
+  :class:`TrajectoryFinished`). Only ``sao-sim`` executes it so far; the real driver refuses the option.
 * :class:`Discard` -- forget the finished trajectory's data (it was dropped, e.g. too stale).
 * :class:`Requeue` and :class:`RecordFailed` -- informational: the attempt will not be trained;
   a re-queued prompt comes back later as a new :class:`StartTrajectory` (``attempt + 1``), a failed
@@ -199,7 +204,19 @@ class RecordFailed:
     cause: str
 
 
-Action = Union[StartTrajectory, TrainOn, SyncReplica, Discard, Requeue, RecordFailed]
+@dataclass(frozen=True)
+class MoveTrajectory:
+    """Cancel running trajectory ``traj_id`` on ``from_replica`` and continue it on ``to_replica``; both
+    serve ``version`` (the trajectory's one version, C1). Sent to empty an old-version replica so it can
+    upgrade at once (DORA's rebalancing, METHOD.md 2)."""
+
+    traj_id: int
+    from_replica: int
+    to_replica: int
+    version: int
+
+
+Action = Union[StartTrajectory, TrainOn, SyncReplica, Discard, Requeue, RecordFailed, MoveTrajectory]
 
 
 # ---------------------------------------------------------------- configuration
@@ -233,7 +250,13 @@ class SchedulerConfig:
                        replicas finish their in-flight work, then upgrade. N > 0 lets overflow
                        start on replicas up to N versions behind (at most k).
     drain_below:       ``multi_version``: an old-version replica whose load falls to this fraction
-                       of ``max_concurrency`` stops admitting and drains, so it upgrades soon.
+                       of ``max_concurrency`` stops admitting and drains, so it upgrades soon. With
+                       ``rebalance`` it is also the "few stragglers" bound of a replica to empty.
+    rebalance:         ``multi_version``: move running trajectories between replicas of one old
+                       version (:class:`MoveTrajectory`) so that a draining replica holding at most
+                       ``drain_below * max_concurrency`` of them empties into its peers and upgrades at
+                       once, instead of idling on one long straggler. Off by default: only ``sao-sim``
+                       executes the move (the real driver refuses it; docs/results/dora-rebalancing.md).
     """
 
     batch_size: int = 128
@@ -247,6 +270,7 @@ class SchedulerConfig:
     async_outstanding: float | None = None
     admit_lag: int = 0
     drain_below: float = 0.25
+    rebalance: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.group_size < 1 or self.max_concurrency < 1:
@@ -267,6 +291,8 @@ class SchedulerConfig:
             raise ConfigError(f"async_outstanding must be >= 1 batch, got {self.async_outstanding}")
         if not 0.0 <= self.drain_below <= 1.0:
             raise ConfigError(f"drain_below is a fraction in [0, 1], got {self.drain_below}")
+        if not isinstance(self.rebalance, bool):
+            raise ConfigError(f"rebalance is true or false, got {self.rebalance!r}")
 
     @property
     def groups_per_batch(self) -> int:

@@ -153,6 +153,12 @@ class Ledger:
         self.counts["waiting"] += 1
         return a
 
+    def move(self, traj_id: int, replica: int) -> Attempt:
+        """The running attempt continues on ``replica`` (same version; the scheduler checks that)."""
+        a = self._get(traj_id, State.IN_FLIGHT, "move")
+        a.replica = replica
+        return a
+
     def train(self, traj_ids: Iterable[int], step: int) -> list[int]:
         """Mark waiting attempts trained at learner version ``step``; returns their staleness."""
         out = []

@@ -85,6 +85,24 @@ class ReplicaPool:
             raise LedgerError(f"replica {rid} is full ({self.capacity})")
         r.in_flight.add(traj_id)
 
+    def move(self, traj_id: int, src: int, dst: int) -> None:
+        """``traj_id`` leaves ``src`` for ``dst``: both alive and not loading weights, one version, a free slot
+        on ``dst`` (which may be draining: it takes no new trajectory, but may take a running one)."""
+        a, b = self.replicas[src], self.replicas[dst]
+        movable = (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)
+        if traj_id not in a.in_flight:
+            raise LedgerError(f"replica {src} does not hold trajectory {traj_id}; it cannot move it")
+        if src == dst or a.status not in movable or b.status not in movable:
+            raise LedgerError(f"cannot move trajectory {traj_id} from replica {src} ({a.status.value}) "
+                              f"to replica {dst} ({b.status.value})")
+        if a.version != b.version:
+            raise LedgerError(f"C1: cannot move trajectory {traj_id} from version {a.version} (replica {src}) "
+                              f"to version {b.version} (replica {dst})")
+        if b.load >= self.capacity:
+            raise LedgerError(f"replica {dst} is full ({self.capacity})")
+        a.in_flight.discard(traj_id)
+        b.in_flight.add(traj_id)
+
     def remove(self, rid: int, traj_id: int) -> None:
         self.replicas[rid].in_flight.discard(traj_id)
 

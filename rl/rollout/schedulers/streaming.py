@@ -19,6 +19,13 @@ k behind the learner is dropped and its prompt re-queued (``drop``), or trained 
   goes to the newest version only (METHOD.md 2; ``admit_lag = 0``, the default), least-loaded
   replica first. With ``admit_lag = N > 0`` it overflows to replicas up to N versions behind while
   their staleness budget allows (the older, lagged admission; an option).
+* Rebalancing (``rebalance``, off by default; METHOD.md 2: "a running request can move between
+  engines of the same version"): a draining replica of an old version ``v`` that holds at most
+  ``drain_below * max_concurrency`` trajectories moves them all (:class:`MoveTrajectory`) to other live
+  replicas of ``v`` with free slots, most loaded first, and syncs at once. Only onto a replica that is
+  more loaded (ties: higher id), so a trajectory never moves back and every move empties a replica;
+  only when every one of the source's trajectories fits, since a half-emptied replica still cannot
+  upgrade.
 * C2: nothing is dropped or cut for being long.
 * C3: let ``N`` be the learner version of the next step; the j-th next step (j = 1, 2, ...) trains
   at ``N + j - 1``, so every untrained trajectory of version ``v`` must be in one of the first
@@ -38,6 +45,7 @@ from sao.rl.rollout.schedulers.core import (
     ConfigError,
     Event,
     LedgerError,
+    MoveTrajectory,
     PromptSource,
     ReplicaDied,
     ReplicaRestarted,
@@ -172,6 +180,18 @@ class MultiVersionScheduler(_SingleRollout):
         self.untrained: Counter[int] = Counter()  # version -> in flight or waiting
         self._version_of: dict[int, int] = {}  # in-flight traj id -> version
         self._blocked: set[int] = set()  # steps the trainer had a batch for but waited on a due trajectory
+        self.moves = 0  # MoveTrajectory actions issued (rebalance)
+        self._now = 0.0
+        self._draining_since: dict[int, float] = {}  # replica -> when it stopped admitting (old version)
+        self._drain_s = 0.0  # closed draining intervals, replica-seconds
+
+    def start(self, now: float) -> list[Action]:
+        self._now = now
+        return super().start(now)
+
+    def on_event(self, event: Event, now: float) -> list[Action]:
+        self._now = now
+        return super().on_event(event, now)
 
     # ------------------------------------------------------------ events
 
@@ -191,16 +211,24 @@ class MultiVersionScheduler(_SingleRollout):
                                   f"but reports versions {sorted(set(event.versions))}")
             book.ledger.finish(event.traj_id, event.versions, event.n_tokens, now)
             self.waiting[event.traj_id] = a.version
-        return out + self._upkeep(a.replica)
+        out += self._upkeep(a.replica)
+        if a.version < book.published:
+            out += self._rebalance(a.version)
+        return out
 
     def on_step_done(self, event: TrainStepDone, now: float) -> list[Action]:
-        self.book.step_done(event.version)
-        return [action for r in self.book.pool for action in self._upkeep(r.rid)]
+        book = self.book
+        book.step_done(event.version)
+        out = [action for r in book.pool for action in self._upkeep(r.rid)]
+        for v in sorted({r.version for r in book.pool if 0 <= r.version < book.published}):
+            out += self._rebalance(v)
+        return out
 
     def on_sync_done(self, event: SyncDone) -> list[Action]:
         return self._upkeep(event.replica) if self.book.pool.end_sync(event.replica, event.version) else []
 
     def on_replica_died(self, event: ReplicaDied) -> list[Action]:
+        self._stop_draining(event.replica)
         for tid in self.book.pool[event.replica].in_flight:
             self._forget(self._leave(tid))
         return self.book.died_requeued(event)
@@ -208,7 +236,14 @@ class MultiVersionScheduler(_SingleRollout):
     def stats(self) -> dict[str, float]:
         versions = {r.version for r in self.book.pool if r.status in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)}
         return {**self.book.stats(), "multi_version/versions_live": float(len(versions)),
-                "multi_version/blocked_steps": float(len(self._blocked))}
+                "multi_version/blocked_steps": float(len(self._blocked)),
+                "multi_version/moves": float(self.moves), "multi_version/drain_replica_s": self.drain_s}
+
+    @property
+    def drain_s(self) -> float:
+        """Replica-seconds spent draining (old version, in-flight work, no new admissions) up to the
+        latest event's clock, open intervals included."""
+        return self._drain_s + sum(self._now - t for t in self._draining_since.values())
 
     def check(self) -> None:
         self.book.check()
@@ -218,6 +253,11 @@ class MultiVersionScheduler(_SingleRollout):
         c = self.book.ledger.counts
         if sum(self.untrained.values()) != c["in_flight"] + c["waiting"] or len(self.waiting) != c["waiting"]:
             raise LedgerError(f"per-version counts {dict(self.untrained)} disagree with the ledger {dict(c)}")
+        for r in self.book.pool:  # C1 across moves: a trajectory only ever runs on replicas of its version
+            for tid in r.in_flight:
+                if self._version_of.get(tid) != r.version:
+                    raise LedgerError(f"C1 broken: trajectory {tid} of version {self._version_of.get(tid)} "
+                                      f"runs on replica {r.rid} at version {r.version}")
 
     # ------------------------------------------------------------ internals
 
@@ -245,12 +285,43 @@ class MultiVersionScheduler(_SingleRollout):
             return [self._sync(rid)]
         if r.version < book.published - cfg.admit_lag or r.load <= cfg.drain_below * cfg.max_concurrency:
             r.status = ReplicaStatus.DRAINING
+            self._draining_since.setdefault(rid, self._now)
         return []
+
+    def _rebalance(self, version: int) -> list[Action]:
+        """Empty the lightly loaded draining replicas of old ``version`` into its other replicas (module doc)."""
+        cfg, pool = self.config, self.book.pool
+        if not cfg.rebalance:
+            return []
+        live = sorted((r for r in pool if r.version == version and r.load
+                       and r.status in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)),
+                      key=lambda r: (r.load, r.rid))
+        few = cfg.drain_below * cfg.max_concurrency
+        out: list[Action] = []
+        for src in live:
+            if src.status is not ReplicaStatus.DRAINING or not 0 < src.load <= few:
+                continue
+            key = (src.load, src.rid)
+            targets = [r for r in live if (r.load, r.rid) > key and r.load < pool.capacity]
+            if sum(pool.capacity - r.load for r in targets) < src.load:
+                continue
+            for tid in sorted(src.in_flight):
+                dst = max((r for r in targets if r.load < pool.capacity), key=lambda r: (r.load, r.rid))
+                out.append(self.book.move(tid, dst.rid))
+                self.moves += 1
+            out.append(self._sync(src.rid))
+        return out
 
     def _sync(self, rid: int) -> SyncReplica:
         if self.book.pool[rid].in_flight:
             raise LedgerError(f"C1: refusing to sync replica {rid} with trajectories in flight")
+        self._stop_draining(rid)
         return self.book.sync(rid)
+
+    def _stop_draining(self, rid: int) -> None:
+        since = self._draining_since.pop(rid, None)
+        if since is not None:
+            self._drain_s += self._now - since
 
     def _due_step(self, version: int) -> int:
         """J(v): a trajectory of ``version`` must be in one of the next J(v) steps."""

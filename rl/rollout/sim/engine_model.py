@@ -129,6 +129,15 @@ class SimEngine:
         heapq.heapify(self._heap)
         self.epoch += 1
 
+    def cancel(self, traj_id: int, now: float) -> float:
+        """Stop decoding ``traj_id`` (it moves elsewhere); returns the work its turn had left."""
+        self.advance(now)
+        left = next((s - self._S for s, t in self._heap if t == traj_id), None)
+        if left is None:
+            raise ValueError(f"engine {self.rid} is not decoding trajectory {traj_id}")
+        self.remove(traj_id, now)
+        return max(left, 0.0)
+
     def decoding_ids(self) -> list[int]:
         return [tid for _, tid in self._heap]
 

@@ -4,7 +4,8 @@
 weights) and plays every trajectory turn by turn: a turn decodes on an engine, the environment
 answers after its latency, the next turn is routed (:class:`~sao.rl.rollout.sim.routing.TurnPlacer`;
 by default it stays on the replica it started on) and pays for the prefix its replica does not
-cache. Engines pause for syncs, die and come back. Whatever the scheduler must learn goes out
+cache. A running trajectory may move to another replica of its version (``MoveTrajectory``,
+:meth:`SimFleet.move`). Engines pause for syncs, die and come back. Whatever the scheduler must learn goes out
 through ``deliver`` (:mod:`sao.rl.rollout.schedulers.core` events); the fleet's own timed events go on the
 simulator's heap through ``push``.
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from sao.rl.errors import SimError
 from sao.rl.rollout.schedulers import (
     Event,
+    MoveTrajectory,
     Prompt,
     ReplicaDied,
     StartTrajectory,
@@ -67,6 +69,8 @@ class SimFleet:
         self.trajs: dict[int, _Traj] = {}
         self.finished: dict[int, Finished] = {}
         self.generated_tokens = 0
+        self.moves = 0  # MoveTrajectory executed
+        self.move_prefill_tokens = 0  # prefix tokens recomputed on the targets of mid-turn moves
         self._pending_sync: dict[int, SyncReplica] = {}  # C1 modes: waits for routed turns of others to end
         self._dirty: set[int] = set()
         self._state = ["idle"] * n
@@ -87,6 +91,41 @@ class SimFleet:
         self.placer.prefill(a.replica, a.traj_id, 0, 0, spec.turns[0].prefill_tokens)
         e.add(a.traj_id, spec.turns[0].work, now)
         self._changed(a.replica)
+
+    def move(self, a: MoveTrajectory) -> None:
+        """Continue trajectory ``a.traj_id`` on ``a.to_replica``. Mid-turn on its source, the request is
+        cancelled there and the target prefills again its whole sequence so far (context, the turn's
+        input, the tokens generated so far) at ``prefill_cost`` each (less what the target caches), then
+        decodes the rest of the turn. Between turns (the environment is answering) or while its turn
+        runs on another replica (routed), only its home changes: the next turn runs on the target
+        and pays its missing prefix there as any turn does (:class:`TurnPlacer`). Its versions do not
+        change: the target serves the same version (C1), checked here."""
+        now, tid = self._clock(), a.traj_id
+        tr = self.trajs.get(tid)
+        if tr is None or tr.engine != a.from_replica:
+            raise SimError(f"{self.name}: MoveTrajectory of trajectory {tid} from replica {a.from_replica}, "
+                           f"which does not run it")
+        dst = self.engines[a.to_replica]
+        if not dst.alive or dst.paused or dst.version != a.version or set(tr.versions) != {a.version}:
+            raise SimError(f"{self.name}: MoveTrajectory of trajectory {tid} (versions {tr.versions}) to replica "
+                           f"{a.to_replica} at version {dst.version}{' (dead)' if not dst.alive else ''}"
+                           f"{' (syncing)' if dst.paused else ''}: C1 would break")
+        self.on_engine[a.from_replica].discard(tid)
+        self.on_engine[a.to_replica].add(tid)
+        tr.engine = a.to_replica
+        self.moves += 1
+        src = self.engines[a.from_replica]
+        if tr.at == a.from_replica and tid in src.decoding_ids():
+            turn = tr.spec.turns[tr.turn]
+            left = src.cancel(tid, now)
+            decode_left = min(left, float(turn.response_tokens))  # prefill comes first, decoding last
+            generated = turn.response_tokens - int(round(decode_left))
+            missing = self.placer.recompute(a.to_replica, tid, tr.context + turn.prefill_tokens + generated)
+            self.move_prefill_tokens += missing
+            dst.add(tid, decode_left + missing * self.config.engine.prefill_cost, now)
+            tr.at = a.to_replica
+            self._changed(a.from_replica)
+        self._changed(a.to_replica)
 
     def sync(self, a: SyncReplica) -> None:
         now, e = self._clock(), self.engines[a.replica]

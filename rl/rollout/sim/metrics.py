@@ -31,6 +31,12 @@ Times are simulated seconds; ``wall_s`` runs from the start to the end of the la
   cached / prompt tokens presented (vLLM's definition; turn-0 prompts are misses);
   ``prefix_turn_hit_rate``: later turns that found any of their prefix / later turns;
   ``routed_moves``: later turns run on another replica than the turn before.
+* rebalancing (``multi_version``): ``drain_replica_s``: replica-seconds spent draining -- holding an
+  old version and in-flight work while admitting nothing new (the scheduler's DRAINING state, from
+  the moment it stops admitting to the moment its sync starts or it dies); ``drain_share`` = that /
+  (replicas x ``wall_s``). ``moves``: running trajectories moved to another replica of their version
+  (``rebalance``); ``move_prefill_tokens``: prefix tokens the targets of mid-turn moves computed again
+  (a move between turns pays its prefix at the next turn's prefill, in the prefix-cache counters).
 * ``lengths``: action-token lengths of generated, trained and stale-dropped trajectories
   (:mod:`sao.rl.rollout.schedulers.lengths`: ``rollout/len_{generated,trained,dropped}_{n,mean,p50,p90,long_share}``).
 """
@@ -85,6 +91,10 @@ class SimResult:
     prefix_cache_hit_rate: float = 0.0
     prefix_turn_hit_rate: float = 0.0
     routed_moves: int = 0
+    moves: int = 0
+    move_prefill_tokens: int = 0
+    drain_replica_s: float = 0.0
+    drain_share: float = 0.0
     lengths: dict[str, float] = field(default_factory=dict)
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 

@@ -146,6 +146,14 @@ class TurnPlacer:
             c.later_hits += cached > 0
         return prefix - cached
 
+    def recompute(self, rid: int, tid: int, prefix: int) -> int:
+        """A running request of ``tid`` moved to ``rid`` mid-turn with ``prefix`` tokens (context, the turn's
+        input and what it generated so far): count the lookup; returns the tokens to prefill again."""
+        cached = min(self.caches[rid].get(tid), prefix)
+        self.counters.presented += prefix
+        self.counters.reused += cached
+        return prefix - cached
+
     def cached(self, rid: int, tid: int, tokens: int) -> None:
         """``rid`` finished a turn of ``tid``: it now holds ``tokens`` of its context."""
         self._where.setdefault(tid, set()).add(rid)

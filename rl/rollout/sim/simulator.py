@@ -11,11 +11,12 @@ The simulator is also the schedulers' auditor: it computes staleness from the ve
 engines used, checks that the scheduler's beliefs match its engines (version, liveness), and
 counts ``lost`` attempts independently of the scheduler's ledger (:mod:`metrics`).
 
-Modes: the five scheduler names plus four variants: ``sync_grpo`` (the ``sync`` scheduler with
+Modes: the five scheduler names plus five variants: ``sync_grpo`` (the ``sync`` scheduler with
 GRPO groups of ``grpo_group_size``: ``pipe``'s baseline), ``async_mask`` and ``async_drop``
 (``async`` with the ``mask`` or ``drop`` stale policy whatever the config says) and
 ``multi_version_lag`` (``multi_version`` with lagged admission: ``admit_lag`` = the config's if
-> 0, else k // 2 and at least 1, at most k). ``pipe`` and ``sync_grpo`` use groups; the other
+> 0, else k // 2 and at least 1, at most k) and ``multi_version_rebalance`` (``multi_version`` with
+``rebalance`` on: running trajectories move between replicas of one old version, ``MoveTrajectory``). ``pipe`` and ``sync_grpo`` use groups; the other
 modes sample one rollout per prompt; every mode trains ``steps x batch_size`` trajectories.
 """
 
@@ -30,6 +31,7 @@ from sao.rl.rollout.schedulers import (
     Action,
     Discard,
     Event,
+    MoveTrajectory,
     RecordFailed,
     ReplicaRestarted,
     Requeue,
@@ -71,6 +73,7 @@ SIM_MODES: dict[str, SimMode] = {
     "async": SimMode("async", one_version=False),
     "multi_version": SimMode("multi_version"),
     "multi_version_lag": SimMode("multi_version", lagged=True),
+    "multi_version_rebalance": SimMode("multi_version", overrides=(("rebalance", True),)),
     "pipe": SimMode("pipe", grpo=True),
     "sync_grpo": SimMode("sync", grpo=True),
     "async_mask": SimMode("async", overrides=(("stale_policy", "mask"),), one_version=False),
@@ -186,6 +189,8 @@ class Simulation:
                 self.start_log.append(a)
             elif isinstance(a, SyncReplica):
                 self.fleet.sync(a)
+            elif isinstance(a, MoveTrajectory):
+                self.fleet.move(a)
             elif isinstance(a, TrainOn):
                 self.train_log.append(a)
                 self.trainer.queue.append(a)
@@ -238,6 +243,7 @@ def _result(sim: Simulation) -> SimResult:
     hist = dict(sorted(t.staleness.items()))
     peak = sim.config.engine.max_aggregate_tps
     cache = fleet.placer.counters
+    drain = sim.scheduler.stats().get("multi_version/drain_replica_s", 0.0)
     return SimResult(
         mode=sim.mode,
         engines=n,
@@ -270,6 +276,10 @@ def _result(sim: Simulation) -> SimResult:
         prefix_cache_hit_rate=cache.hit_rate,
         prefix_turn_hit_rate=cache.turn_hit_rate,
         routed_moves=cache.moved,
+        moves=fleet.moves,
+        move_prefill_tokens=fleet.move_prefill_tokens,
+        drain_replica_s=drain,
+        drain_share=drain / (n * wall),
         lengths=sim.lengths.metrics(),
         timeline=Timeline(fleet.segments, t.segments) if sim._record else None,
     )
