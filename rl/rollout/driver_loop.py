@@ -55,6 +55,8 @@ from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, vers
 
 log = logging.getLogger(__name__)
 
+NO_REAL_MOVE = ("the real driver cannot move a running request between replicas (only sao-sim executes "
+                "MoveTrajectory); run with rollout.rebalance=false")
 RunEpisode = Callable[[Any, PromptRef, int, int], Awaitable[Trajectory]]  # (client, prompt, sample, seed)
 LoadVersion = Callable[[int, int], Awaitable[None]]  # (replica id, version): load weights/v{version} into it
 
@@ -101,8 +103,7 @@ class DriverLoop:
         self._failed: list[Trajectory] = []
         self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
         self.carried = ClosedCounts()  # a resumed run's attempts that earlier processes closed (closed_counts)
-        self._t0 = time.monotonic()
-        self._since_batch = time.monotonic()
+        self._t0 = self._since_batch = time.monotonic()
 
     async def run(self) -> None:
         """Start the schedule and the health watcher, then execute actions as events arrive (forever).
@@ -186,9 +187,8 @@ class DriverLoop:
                 # Decided before the scheduler read the queued ReplicaDied, which ends this attempt
                 # (re-queued) or this sync: nothing to run.
                 log.debug("skipping %r: replica %d is dead", action, action.replica)
-            elif isinstance(action, MoveTrajectory):
-                raise RolloutError(f"{action!r}: the real driver cannot move a running request between replicas "
-                                   "(only sao-sim executes MoveTrajectory); run with rollout.rebalance=false")
+            elif isinstance(action, MoveTrajectory):  # rollout.rebalance: only sao-sim moves a running request
+                raise RolloutError(f"{action!r}: {NO_REAL_MOVE}")
             elif isinstance(action, StartTrajectory):
                 self._running[action.traj_id] = (action, self.spawn(self._episode(action)))
             elif isinstance(action, SyncReplica):
@@ -277,8 +277,7 @@ class DriverLoop:
             metrics = {**rollout_metrics(step, step, wall), **self.stats(), **self.lengths.metrics(),
                        **version_metrics(step, action.step),
                        "rollout/batch_staleness_max": float(max(staleness)),
-                       # turns flagged: their requests overlapped old-weights KV blocks (sao.rl.rollout.served)
-                       "rollout/old_kv_turns": float(sum(turn.old_kv for t in step for turn in t.turns)),
+                       "rollout/old_kv_turns": float(sum(turn.old_kv for t in step for turn in t.turns)),  # served.py
                        "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []
         self.batches.put_nowait((RolloutBatch(trajectories, failed, (), metrics), action.final))

@@ -45,7 +45,6 @@ from sao.rl.rollout.schedulers.core import (
     ConfigError,
     Event,
     LedgerError,
-    MoveTrajectory,
     PromptSource,
     ReplicaDied,
     ReplicaRestarted,
@@ -57,6 +56,7 @@ from sao.rl.rollout.schedulers.core import (
     TrajectoryFinished,
 )
 from sao.rl.rollout.schedulers.dispatch import dispatch
+from sao.rl.rollout.schedulers.rebalance import DrainClock, rebalance_plan
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +182,7 @@ class MultiVersionScheduler(_SingleRollout):
         self._blocked: set[int] = set()  # steps the trainer had a batch for but waited on a due trajectory
         self.moves = 0  # MoveTrajectory actions issued (rebalance)
         self._now = 0.0
-        self._draining_since: dict[int, float] = {}  # replica -> when it stopped admitting (old version)
-        self._drain_s = 0.0  # closed draining intervals, replica-seconds
+        self.draining = DrainClock()
 
     def start(self, now: float) -> list[Action]:
         self._now = now
@@ -228,7 +227,7 @@ class MultiVersionScheduler(_SingleRollout):
         return self._upkeep(event.replica) if self.book.pool.end_sync(event.replica, event.version) else []
 
     def on_replica_died(self, event: ReplicaDied) -> list[Action]:
-        self._stop_draining(event.replica)
+        self.draining.stop(event.replica, self._now)
         for tid in self.book.pool[event.replica].in_flight:
             self._forget(self._leave(tid))
         return self.book.died_requeued(event)
@@ -241,9 +240,8 @@ class MultiVersionScheduler(_SingleRollout):
 
     @property
     def drain_s(self) -> float:
-        """Replica-seconds spent draining (old version, in-flight work, no new admissions) up to the
-        latest event's clock, open intervals included."""
-        return self._drain_s + sum(self._now - t for t in self._draining_since.values())
+        """Replica-seconds spent draining up to the latest event's clock (:class:`.rebalance.DrainClock`)."""
+        return self.draining.total(self._now)
 
     def check(self) -> None:
         self.book.check()
@@ -285,43 +283,23 @@ class MultiVersionScheduler(_SingleRollout):
             return [self._sync(rid)]
         if r.version < book.published - cfg.admit_lag or r.load <= cfg.drain_below * cfg.max_concurrency:
             r.status = ReplicaStatus.DRAINING
-            self._draining_since.setdefault(rid, self._now)
+            self.draining.start(rid, self._now)
         return []
 
     def _rebalance(self, version: int) -> list[Action]:
-        """Empty the lightly loaded draining replicas of old ``version`` into its other replicas (module doc)."""
-        cfg, pool = self.config, self.book.pool
-        if not cfg.rebalance:
-            return []
-        live = sorted((r for r in pool if r.version == version and r.load
-                       and r.status in (ReplicaStatus.SERVING, ReplicaStatus.DRAINING)),
-                      key=lambda r: (r.load, r.rid))
-        few = cfg.drain_below * cfg.max_concurrency
+        """Empty the lightly loaded draining replicas of old ``version`` into its other replicas (:mod:`.rebalance`)."""
         out: list[Action] = []
-        for src in live:
-            if src.status is not ReplicaStatus.DRAINING or not 0 < src.load <= few:
-                continue
-            key = (src.load, src.rid)
-            targets = [r for r in live if (r.load, r.rid) > key and r.load < pool.capacity]
-            if sum(pool.capacity - r.load for r in targets) < src.load:
-                continue
-            for tid in sorted(src.in_flight):
-                dst = max((r for r in targets if r.load < pool.capacity), key=lambda r: (r.load, r.rid))
-                out.append(self.book.move(tid, dst.rid))
-                self.moves += 1
-            out.append(self._sync(src.rid))
+        for src, moves in rebalance_plan(self.book.pool, self.config, version) if self.config.rebalance else []:
+            out += [self.book.move(tid, dst) for tid, dst in moves]
+            self.moves += len(moves)
+            out.append(self._sync(src))
         return out
 
     def _sync(self, rid: int) -> SyncReplica:
         if self.book.pool[rid].in_flight:
             raise LedgerError(f"C1: refusing to sync replica {rid} with trajectories in flight")
-        self._stop_draining(rid)
+        self.draining.stop(rid, self._now)
         return self.book.sync(rid)
-
-    def _stop_draining(self, rid: int) -> None:
-        since = self._draining_since.pop(rid, None)
-        if since is not None:
-            self._drain_s += self._now - since
 
     def _due_step(self, version: int) -> int:
         """J(v): a trajectory of ``version`` must be in one of the next J(v) steps."""

@@ -93,39 +93,8 @@ class SimFleet:
         self._changed(a.replica)
 
     def move(self, a: MoveTrajectory) -> None:
-        """Continue trajectory ``a.traj_id`` on ``a.to_replica``. Mid-turn on its source, the request is
-        cancelled there and the target prefills again its whole sequence so far (context, the turn's
-        input, the tokens generated so far) at ``prefill_cost`` each (less what the target caches), then
-        decodes the rest of the turn. Between turns (the environment is answering) or while its turn
-        runs on another replica (routed), only its home changes: the next turn runs on the target
-        and pays its missing prefix there as any turn does (:class:`TurnPlacer`). Its versions do not
-        change: the target serves the same version (C1), checked here."""
-        now, tid = self._clock(), a.traj_id
-        tr = self.trajs.get(tid)
-        if tr is None or tr.engine != a.from_replica:
-            raise SimError(f"{self.name}: MoveTrajectory of trajectory {tid} from replica {a.from_replica}, "
-                           f"which does not run it")
-        dst = self.engines[a.to_replica]
-        if not dst.alive or dst.paused or dst.version != a.version or set(tr.versions) != {a.version}:
-            raise SimError(f"{self.name}: MoveTrajectory of trajectory {tid} (versions {tr.versions}) to replica "
-                           f"{a.to_replica} at version {dst.version}{' (dead)' if not dst.alive else ''}"
-                           f"{' (syncing)' if dst.paused else ''}: C1 would break")
-        self.on_engine[a.from_replica].discard(tid)
-        self.on_engine[a.to_replica].add(tid)
-        tr.engine = a.to_replica
-        self.moves += 1
-        src = self.engines[a.from_replica]
-        if tr.at == a.from_replica and tid in src.decoding_ids():
-            turn = tr.spec.turns[tr.turn]
-            left = src.cancel(tid, now)
-            decode_left = min(left, float(turn.response_tokens))  # prefill comes first, decoding last
-            generated = turn.response_tokens - int(round(decode_left))
-            missing = self.placer.recompute(a.to_replica, tid, tr.context + turn.prefill_tokens + generated)
-            self.move_prefill_tokens += missing
-            dst.add(tid, decode_left + missing * self.config.engine.prefill_cost, now)
-            tr.at = a.to_replica
-            self._changed(a.from_replica)
-        self._changed(a.to_replica)
+        """Continue trajectory ``a.traj_id`` on ``a.to_replica`` (:func:`move_trajectory`)."""
+        move_trajectory(self, a)
 
     def sync(self, a: SyncReplica) -> None:
         now, e = self._clock(), self.engines[a.replica]
@@ -270,3 +239,39 @@ class SimFleet:
         if state != self._state[e.rid]:
             self.segments[e.rid].append((self._since[e.rid], now, self._state[e.rid]))
             self._state[e.rid], self._since[e.rid] = state, now
+
+
+def move_trajectory(fleet: SimFleet, a: MoveTrajectory) -> None:
+    """Continue trajectory ``a.traj_id`` on ``a.to_replica``. Mid-turn on its source, the request is
+    cancelled there and the target prefills again its whole sequence so far (context, the turn's
+    input, the tokens generated so far) at ``prefill_cost`` each (less what the target caches), then
+    decodes the rest of the turn. Between turns (the environment is answering) or while its turn
+    runs on another replica (routed), only its home changes: the next turn runs on the target
+    and pays its missing prefix there as any turn does (:class:`TurnPlacer`). Its versions do not
+    change: the target serves the same version (C1), checked here."""
+    now, tid = fleet._clock(), a.traj_id
+    tr = fleet.trajs.get(tid)
+    if tr is None or tr.engine != a.from_replica:
+        raise SimError(f"{fleet.name}: MoveTrajectory of trajectory {tid} from replica {a.from_replica}, "
+                       f"which does not run it")
+    dst = fleet.engines[a.to_replica]
+    if not dst.alive or dst.paused or dst.version != a.version or set(tr.versions) != {a.version}:
+        raise SimError(f"{fleet.name}: MoveTrajectory of trajectory {tid} (versions {tr.versions}) to replica "
+                       f"{a.to_replica} at version {dst.version}{' (dead)' if not dst.alive else ''}"
+                       f"{' (syncing)' if dst.paused else ''}: C1 would break")
+    fleet.on_engine[a.from_replica].discard(tid)
+    fleet.on_engine[a.to_replica].add(tid)
+    tr.engine = a.to_replica
+    fleet.moves += 1
+    src = fleet.engines[a.from_replica]
+    if tr.at == a.from_replica and tid in src.decoding_ids():
+        turn = tr.spec.turns[tr.turn]
+        left = src.cancel(tid, now)
+        decode_left = min(left, float(turn.response_tokens))  # prefill comes first, decoding last
+        generated = turn.response_tokens - int(round(decode_left))
+        missing = fleet.placer.recompute(a.to_replica, tid, tr.context + turn.prefill_tokens + generated)
+        fleet.move_prefill_tokens += missing
+        dst.add(tid, decode_left + missing * fleet.config.engine.prefill_cost, now)
+        tr.at = a.to_replica
+        fleet._changed(a.from_replica)
+    fleet._changed(a.to_replica)
