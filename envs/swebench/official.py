@@ -128,19 +128,20 @@ class SnapshotReads:
         return RawResponse(200, shown.stdout.decode("utf-8", errors="replace"), url)
 
 
-def harness_main(argv: Sequence[str], root: Path | None = None) -> None:
-    """``python -m swebench.harness.run_evaluation ARGV`` with its raw GitHub reads served from the
-    snapshots (:class:`SnapshotReads`). When the harness gives up because a file it looked for at a
-    commit is in none of its candidate paths, the error names the snapshot reads that missed."""
+def harness_main(argv: Sequence[str], root: Path | None = None, module: str = HARNESS_MODULE) -> None:
+    """``python -m swebench.harness.run_evaluation ARGV`` (``module``: another, in tests) with its raw
+    GitHub reads served from the snapshots (:class:`SnapshotReads`). When the harness gives up because
+    a file it looked for at a commit is in none of its candidate paths, the error names the snapshot
+    reads that missed."""
     import runpy
 
     import swebench.harness.test_spec.python as test_spec_python
 
     reads = SnapshotReads(root)
     test_spec_python.requests = reads  # the one replacement: this module's raw GitHub reads
-    sys.argv = [HARNESS_MODULE, *argv]
+    sys.argv = [module, *argv]
     try:
-        runpy.run_module(HARNESS_MODULE, run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except ValueError as exc:
         if reads.missing and "Could not find" in str(exc):
             raise HarnessInputError(f"{exc}; not in the snapshot under {reads.root or mirror_root()}: "
