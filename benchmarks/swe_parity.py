@@ -14,8 +14,8 @@ predictions:
 
 each graded by ``python -m swebench.harness.run_evaluation`` (4.1.0, unchanged, through
 :mod:`sao.envs.swebench.official`) and by ``sao-eval swe-bench-verified --grade-only`` (gold: by the
-gold run). Prints a table (instance, prediction, the harness's verdict, ours, agree?), the
-FAIL_TO_PASS/PASS_TO_PASS lists where they differ, the key comparison of our ``report.json`` with the
+gold run). Prints a table (instance, prediction, the harness's verdict, ours, how many
+FAIL_TO_PASS/PASS_TO_PASS outcomes both list, agree?), the tests where those lists differ, the key comparison of our ``report.json`` with the
 harness's run report, and the wall time of each run. Exits 1 on any disagreement, 2 when the inputs
 are missing. The work (the harness's ``logs/``, our outputs) is in a temporary folder, removed at
 the end unless ``--keep DIR`` names one.
@@ -70,6 +70,7 @@ class Row:
     harness: str
     ours: str
     agree: bool
+    tests_compared: int  # FAIL_TO_PASS and PASS_TO_PASS outcomes both listed
     test_differences: list[str]  # "FAIL_TO_PASS success: only the harness: [...]" and the like
 
 
@@ -101,17 +102,23 @@ def harness_verdicts(run: HarnessRun) -> dict[str, Verdict]:
     return {i: Verdict(v.verdict, v.tests_status) for i, v in run.verdicts.items()}
 
 
-def test_differences(harness: dict[str, Any] | None, ours: dict[str, Any] | None) -> list[str]:
-    """Where both graders list tests: each (list, outcome) whose tests differ, with the tests."""
+def test_differences(harness: dict[str, Any] | None, ours: dict[str, Any] | None) -> tuple[int, list[str]]:
+    """``(compared, differences)``: how many test verdicts of FAIL_TO_PASS and PASS_TO_PASS both graders
+    list, and each (list, outcome) whose tests differ, with the tests. One grader listing tests where
+    the other lists none is a difference too."""
+    if not harness and not ours:
+        return 0, []
     if not harness or not ours:
-        return []
-    out = []
-    for group in sorted(set(harness) & set(ours)):
+        return 0, [f"only {'the harness' if harness else 'ours'} lists the tests' outcomes"]
+    compared, out = 0, []
+    for group in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         for outcome in ("success", "failure"):
-            h, o = set(harness[group].get(outcome, [])), set(ours[group].get(outcome, []))
+            h = set(harness.get(group, {}).get(outcome, []))
+            o = set(ours.get(group, {}).get(outcome, []))
+            compared += len(h | o)
             if h != o:
                 out.append(f"{group} {outcome}: only the harness: {sorted(h - o)}; only ours: {sorted(o - h)}")
-    return out
+    return compared, out
 
 
 def write_predictions(path: Path, model: str, patches: dict[str, str]) -> Path:
@@ -155,8 +162,8 @@ def run_parity(rows: list[dict[str, Any]], images: dict[str, str], work: Path) -
         for kind in PREDICTIONS:
             h = harness_verdicts(harness[kind]).get(iid, Verdict("missing", None))
             o = ours[kind].get(iid, Verdict("missing", None))
-            diffs = test_differences(h.tests_status, o.tests_status)
-            table.append(Row(iid, kind, h.verdict, o.verdict, h.verdict == o.verdict and not diffs, diffs))
+            compared, diffs = test_differences(h.tests_status, o.tests_status)
+            table.append(Row(iid, kind, h.verdict, o.verdict, h.verdict == o.verdict and not diffs, compared, diffs))
     our_keys = set(json.loads((work / "ours-gold" / "report.json").read_text()))
     harness_keys = set(harness["gold"].report)
     keys = {"harness": sorted(harness_keys), "missing_from_ours": sorted(harness_keys - our_keys),
@@ -169,10 +176,10 @@ def run_parity(rows: list[dict[str, Any]], images: dict[str, str], work: Path) -
 
 
 def print_result(result: dict[str, Any], wall_s: float) -> None:
-    print("| instance | prediction | harness | ours | agree |")
-    print("|---|---|---|---|---|")
+    print("| instance | prediction | harness | ours | tests compared | agree |")
+    print("|---|---|---|---|---|---|")
     for r in result["table"]:
-        print(f"| {r['instance_id']} | {r['prediction']} | {r['harness']} | {r['ours']} | "
+        print(f"| {r['instance_id']} | {r['prediction']} | {r['harness']} | {r['ours']} | {r['tests_compared']} | "
               f"{'yes' if r['agree'] else 'NO'} |")
     for r in result["table"]:
         for d in r["test_differences"]:
