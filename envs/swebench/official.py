@@ -159,8 +159,9 @@ def harness_image_name(instance_id: str) -> str:
 
 class HarnessTags:
     """Tags each instance's local image with :func:`harness_image_name` on entry and removes, on exit,
-    exactly the tags it added: a name that was already present (pointing anywhere) is not touched,
-    and a tag is removed only while it still names the image it was added to. ``added`` lists them."""
+    exactly the tags it added (``added``), each only while it still names the image it was added to.
+    A name already present is used and left as it is when it names the same image, and refused
+    (:class:`HarnessInputError`) when it names another: the harness would grade in that one."""
 
     def __init__(self, client: Any, images: Mapping[str, str]):
         self.client = client
