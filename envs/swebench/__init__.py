@@ -96,7 +96,9 @@ Modules, one role each
     ``editor``, ``submit`` and the prompts), ``grading`` (a diff graded in a fresh container; every
     report made by :func:`instance_report`), ``episode`` (one episode's state and its turns' tool calls
     in the agent's container), ``env`` (:class:`SWEBenchEnv`: reset, step, the episode's end),
-    ``factories`` (the registered names) and ``local_tasks`` (the builder of ``swe-local``'s repositories and images).
+    ``factories`` (the registered names), ``local_tasks`` (the builder of ``swe-local``'s repositories and
+    images) and ``official`` (swebench's own ``run_evaluation``, run offline on local images, to check that
+    it and the grader here agree: ``benchmarks/swe_parity.py``).
 """
 
 from .env import SWEBenchEnv
@@ -138,6 +140,16 @@ from .instances import (
     load_instances,
     log_parser_names,
 )
+from .official import (
+    HarnessInputError,
+    HarnessRun,
+    HarnessRunError,
+    HarnessTags,
+    HarnessVerdict,
+    SnapshotReads,
+    harness_image_name,
+    run_harness,
+)
 from .tools import (
     BASH_TOOL,
     EDITOR_TOOL,
@@ -164,6 +176,9 @@ __all__ = [
     # grading
     "END_TEST_OUTPUT", "START_TEST_OUTPUT", "GradeResult", "eval_script", "grade_patch", "grade_report",
     "grade_prediction", "instance_report", "patch_files", "patch_problem",
+    # swebench's own harness, offline
+    "HarnessInputError", "HarnessRun", "HarnessRunError", "HarnessTags", "HarnessVerdict", "SnapshotReads",
+    "harness_image_name", "run_harness",
     # tools
     "BASH_TOOL", "EDITOR_TOOL", "MAX_EDITOR_BYTES", "NO_TOOL_CALL", "SUBMIT_TOOL", "SYSTEM_PROMPT", "TOOLS",
     "USER_TEMPLATE", "ToolError", "Workspace", "clip",
