@@ -70,7 +70,7 @@ def test_a_moved_request_goes_on_on_the_target_from_its_partial_tokens() -> None
             client = moves.client(7, 0)
             turn = asyncio.ensure_future(client.complete(PROMPT, SamplingParams(max_tokens=64, seed=5)))
             await asyncio.sleep(0.3)  # the request runs on replica 0
-            assert moves.move(MoveTrajectory(7, 0, 1, 3))
+            assert not moves.move(MoveTrajectory(7, 0, 1, 3), running=True)
             await asyncio.wait_for(moves.drain(0, AbortingControl(a)), 10)  # type: ignore[arg-type]
             done = await asyncio.wait_for(turn, 10)
             assert moves.leave(7, 0) == 1  # it ended seated on the target
@@ -97,7 +97,7 @@ def test_a_request_that_finished_before_the_abort_is_whole_and_the_next_turn_goe
         async def go() -> tuple[Completion, Completion]:
             client = moves.client(7, 0)
             first = await client.complete(PROMPT, SamplingParams(max_tokens=64))
-            moves.move(MoveTrajectory(7, 0, 1, 3))
+            moves.move(MoveTrajectory(7, 0, 1, 3), running=True)
             control = AbortingControl(a)
             await asyncio.wait_for(moves.drain(0, control), 10)  # type: ignore[arg-type]
             assert control.pauses == ["abort"]  # nothing was out: one abort, no wait
@@ -127,7 +127,7 @@ def test_an_abort_that_no_move_asked_for_is_returned_as_the_engine_said() -> Non
 def test_a_drain_that_never_empties_times_out() -> None:
     moves = Moves(lambda r: None, drain_timeout_s=0.1, retry_s=0.05)  # type: ignore[arg-type, return-value]
     moves._out[0] = 1  # a request that never comes back
-    moves.move(MoveTrajectory(1, 0, 1, 0))
+    moves.move(MoveTrajectory(1, 0, 1, 0), running=False)
 
     class Control:
         async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
@@ -164,3 +164,19 @@ def test_out_counts_come_back_to_zero_when_a_request_fails() -> None:
         with pytest.raises(Exception, match="boom"):
             asyncio.run(moves.client(1, 0).complete(PROMPT, SamplingParams(max_tokens=8)))
     assert moves._out == Counter({0: 0})
+
+
+def test_an_episode_its_source_death_cancelled_before_the_move_is_ended_by_the_move() -> None:
+    """Replica 0 died (the driver cancelled trajectory 5 on it) before the scheduler, not yet told, moved 5
+    to replica 1: the source's ReplicaDied no longer re-queues it, so the move says the driver must end it."""
+    moves = Moves(lambda r: None)  # type: ignore[arg-type, return-value]
+    moves.forget(0, [5])
+    assert moves.move(MoveTrajectory(5, 0, 1, 2), running=False) is True
+    assert moves.move(MoveTrajectory(5, 1, 0, 2), running=False) is False  # said once
+    assert moves.stats()["rollout/moved"] == 0.0
+
+
+def test_a_move_before_the_episode_started_seats_it_on_the_target() -> None:
+    moves = Moves(lambda r: None)  # type: ignore[arg-type, return-value]
+    moves.move(MoveTrajectory(3, 0, 1, 0), running=True)
+    assert moves.client(3, 0).seat.replica == 1 and moves.leave(3, 0) == 1

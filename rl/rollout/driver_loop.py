@@ -99,7 +99,6 @@ class DriverLoop:
         self._step_trajectories: list[Trajectory] = []  # parts already released for the step being assembled
         self._finished: dict[int, Trajectory] = {}
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
-        self._orphaned: set[int] = set()  # episodes a replica's death cancelled (a move may still name them)
         self.moves = Moves(lambda r: VersionedClient(replicas[r].client, lambda: versions[r], lambda: versions.kv(r)))
         self._failed: list[Trajectory] = []
         self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
@@ -161,22 +160,21 @@ class DriverLoop:
         for tid in orphans:
             _, task = self._running.pop(tid)
             task.cancel()
-        self._orphaned.update(orphans)
-        self.moves.forget(rid)
+        self.moves.forget(rid, orphans)
         return len(orphans)
 
     def _move(self, action: MoveTrajectory) -> None:
         """Seat a running episode on its new replica (:mod:`sao.rl.rollout.moves`); ``_running`` follows it."""
         tid, to = action.traj_id, action.to_replica
-        self.moves.move(action)
-        if tid in self._orphaned:  # its source died first: its ReplicaDied no longer ends it there; this does
-            self._orphaned.discard(tid)
+        running = tid in self._running and to not in self.health.dead
+        if self.moves.move(action, running):  # its source died first: its ReplicaDied no longer ends it; this does
             self.events.put_nowait(TrajectoryFinished(tid, (action.version,), 0, True, "its replica died as it moved"))
         elif tid in self._running:  # else it ended, and its TrajectoryFinished is queued
-            start, task = self._running[tid]
-            self._running[tid] = (replace(start, replica=to), task)
-            if to in self.health.dead:  # the target's queued ReplicaDied re-queues it
-                self._running.pop(tid)[1].cancel()
+            start, task = self._running.pop(tid)
+            if running:
+                self._running[tid] = (replace(start, replica=to), task)
+            else:  # the target died: its queued ReplicaDied re-queues it
+                task.cancel()
 
     def _execute(self, actions: list[Any]) -> None:
         for action in actions:

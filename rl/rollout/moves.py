@@ -141,13 +141,14 @@ class Moves:
         self._seats: dict[int, Seat] = {}
         self._out: Counter[int] = Counter()
         self._emptied: set[int] = set()
+        self._orphaned: set[int] = set()  # episodes a replica's death cancelled (a move may still name them)
         self.moved = 0  # moves executed on a running episode
         self.continued = 0  # requests continued on another replica
         self.carried_tokens = 0  # tokens those had generated before they moved (kept, not sampled again)
 
     def client(self, traj_id: int, rid: int) -> MovingClient:
         """The client of trajectory ``traj_id``'s episode, seated on replica ``rid``."""
-        seat = self._seats[traj_id] = Seat(rid)
+        seat = self._seats.setdefault(traj_id, Seat(rid))  # a move may have seated it before it started
         return MovingClient(seat, self.client_for, self._out, self._count)
 
     def leave(self, traj_id: int, rid: int) -> int:
@@ -155,20 +156,24 @@ class Moves:
         seat = self._seats.pop(traj_id, None)
         return rid if seat is None else seat.replica
 
-    def move(self, action: MoveTrajectory) -> bool:
-        """Seat the trajectory on the target; its source drains before its next load. False when the
-        trajectory's episode is not running (it ended, or its replica died)."""
+    def move(self, action: MoveTrajectory, running: bool) -> bool:
+        """Seat the trajectory on the target if its episode is ``running`` (else it ended, or the target
+        is dead); its source drains before its next load. True when a replica's death had cancelled the
+        episode before the move: the driver ends the attempt (the source's death no longer does)."""
         self._emptied.add(action.from_replica)
-        seat = self._seats.get(action.traj_id)
-        if seat is None:
-            return False
-        seat.replica = action.to_replica
-        self.moved += 1
-        return True
+        if running:
+            self._seats.setdefault(action.traj_id, Seat(action.to_replica)).replica = action.to_replica
+            self.moved += 1
+        if action.traj_id in self._orphaned:
+            self._orphaned.discard(action.traj_id)
+            return True
+        return False
 
-    def forget(self, rid: int) -> None:
-        """Replica ``rid`` died: a restarted engine has nothing to drain."""
+    def forget(self, rid: int, orphans: Sequence[int]) -> None:
+        """Replica ``rid`` died and its episodes ``orphans`` were cancelled: a restarted engine has
+        nothing to drain."""
         self._emptied.discard(rid)
+        self._orphaned.update(orphans)
 
     async def drain(self, rid: int, control: WeightControl) -> None:
         """If a move emptied replica ``rid``: abort what it runs and wait until every request sent to
