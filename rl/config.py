@@ -337,9 +337,11 @@ class RolloutConfig:
     admit_lag: int = 0
     drain_below: float = 0.25  # multi_version with admit_lag > 0: an old replica this loaded (fraction of concurrency) drains
     # multi_version: move running requests between replicas of one old version so a draining replica with
-    # at most drain_below x concurrency left empties and upgrades at once (DORA's rebalancing). Only sao-sim
-    # executes the move: true is refused here. sao-sim paper_like, k = 4, at 64 and 256 replicas: draining
-    # replica-time cut 2.4-6.6x, trained tokens/s 0.93-0.98x of admit_lag=0 (docs/results/dora-rebalancing.md).
+    # at most drain_below x concurrency left empties and upgrades at once (DORA's rebalancing). On vLLM the
+    # source is paused with mode "abort" and each request goes on on its new replica from the tokens it had
+    # (sao.rl.rollout.moves); other modes refuse it. sao-sim paper_like, k = 4, at 64 and 256 replicas:
+    # draining replica-time cut 2.4-6.6x, trained tokens/s 0.93-0.98x of admit_lag=0
+    # (docs/results/dora-rebalancing.md).
     rebalance: bool = False
     # A new version loaded into a replica with requests in flight (async, pipe): False (the default)
     # clears vLLM's KV cache, so every request in flight computes its context again on the new weights
@@ -534,16 +536,16 @@ def scheduler_config(cfg: TrainConfig) -> Any:
     from sao.rl.rollout.schedulers import SchedulerConfig
 
     r = cfg.rollout
-    if r.rebalance:
-        raise ConfigError("rollout.rebalance=true: the real driver cannot move a running request yet (cancel an "
-                          "in-flight completion on one vLLM replica and continue it on another from its partial "
-                          "tokens); only the simulator does (sao-sim --modes multi_version_rebalance). "
-                          "Set rollout.rebalance=false")
+    if r.rebalance and r.mode != "multi_version":
+        raise ConfigError(f"rollout.rebalance=true moves running requests between replicas of one old version, "
+                          f"which only rollout=multi_version keeps serving side by side (rollout={r.mode} has "
+                          "none to move); set rollout.rebalance=false or rollout=multi_version")
     try:
         return SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=r.concurrency,
                                staleness=r.staleness, stale_policy=r.stale_policy, max_failures=r.max_failures,
                                micro_groups=r.micro_groups, frontier_first=r.frontier_first,
-                               async_outstanding=r.async_outstanding, admit_lag=r.admit_lag, drain_below=r.drain_below)
+                               async_outstanding=r.async_outstanding, admit_lag=r.admit_lag, drain_below=r.drain_below,
+                               rebalance=r.rebalance)
     except ConfigError as exc:
         raise ConfigError(f"rollout: {exc}") from exc
 

@@ -28,7 +28,7 @@ from sao.rl.rollout.schedulers import SchedulerConfig
 from sao.rl.training.build import learner_config
 from sao.rl.training.trainer import Trainer
 from sao.rl.weights.sync import WeightPublisher
-from test_train import FakeEngine, config, lines, responder, tiny_policy
+from test_train import FakeEngine, _answer, config, lines, responder, tiny_policy
 
 
 def slow_responder(request: dict, prompt: str) -> Reply:
@@ -40,7 +40,7 @@ def slow_responder(request: dict, prompt: str) -> Reply:
 def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeServer], engines: list[FakeEngine],
                        *, staleness: int = 1, max_steps: int = 3, policy: str = "drop", resume: bool = False,
                        health: HealthConfig = HealthConfig(), restarts: dict[int, Any] | None = None,
-                       keep_kv: bool = False, schedule: Any = None) -> Trainer:
+                       keep_kv: bool = False, schedule: Any = None, **sched_kw: Any) -> Trainer:
     cfg = config(algo, max_steps=max_steps, keep_checkpoints=1, resume=resume,
                  **({"schedule": schedule} if schedule is not None else {}))
     algorithm = make_algorithm(cfg.algo)
@@ -60,7 +60,7 @@ def make_async_trainer(mode: str, algo: str, run_dir: Path, servers: list[FakeSe
         return await runner(client, task_id=ref.task_id, sample=sample, seed=seed)
 
     sched = SchedulerConfig(batch_size=cfg.batch_size, group_size=cfg.algo.group_size, max_concurrency=4,
-                            staleness=staleness, stale_policy=policy)
+                            staleness=staleness, stale_policy=policy, **sched_kw)
     source = OrchestratedRollout(mode, sched, replicas, tasks=tasks, run_episode=play,
                                  weights_root=run_dir / "weights", seed=cfg.seed, health=health, keep_kv=keep_kv)
     return Trainer(cfg, run_dir, learner=learner, algo=algorithm, source=source,
@@ -178,6 +178,63 @@ def test_failed_attempts_are_requeued_not_lost(tmp_path: Path) -> None:
     ledger = trainer.source.scheduler.book.ledger  # type: ignore[attr-defined]  # the async mode's book
     unread = [t for t in failed if (a := ledger.get(t["rollout"]["traj_id"])) is not None and a.state.value == "in_flight"]
     assert ledger.counts["requeued"] + ledger.counts["failed"] + len(unread) >= len(failed)
+
+
+class AbortingEngine(FakeEngine):
+    """A replica's control endpoints whose pause in "abort" mode aborts what its server runs, as vLLM's
+    does (FakeServer.abort: each request answers at once with half its tokens, finish_reason "abort")."""
+
+    def __init__(self, server: FakeServer) -> None:
+        super().__init__()
+        self.server = server
+
+    async def pause(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        await super().pause(mode=mode, clear_cache=clear_cache)
+        self.calls[-1] = f"pause:{mode}"
+        if mode == "abort":
+            self.server.abort()
+
+
+def answering(logprob: float):  # type: ignore[no-untyped-def]
+    """Always the right answer, or its rest when the prompt already ends with a start of it (a moved
+    request's continuation); every second question is a straggler (0.8 s), the rest take 0.05 s."""
+    def respond(request: dict, prompt: str) -> Reply:
+        full = f"The answer is \\boxed{{{_answer(prompt)}}}."
+        said = prompt.rsplit("assistant\n", 1)[-1]
+        if said and full.startswith(said):
+            return Reply(text=full[len(said):], logprob=logprob, delay_s=0.05)
+        return Reply(text=full, logprob=logprob, delay_s=0.8 if _answer(prompt) % 2 else 0.05)
+    return respond
+
+
+def test_multi_version_rebalancing_moves_running_requests_with_their_partial_tokens(tmp_path: Path) -> None:
+    """rollout=multi_version with rebalance on two scripted replicas: after a step, a draining replica
+    of the old version with at most 2 of 4 slots busy moves its stragglers to its peer; the driver aborts
+    it (its engine's pause in "abort" mode) and each aborted request goes on on the peer from the tokens
+    it had. The replicas report different log-probs (-0.5 and -0.9): a moved turn holds both, is the
+    whole right answer once, and is of one version. Nothing lost, staleness within k."""
+    with FakeServer(responder=answering(-0.5)) as a, FakeServer(responder=answering(-0.9)) as b:
+        engines = [AbortingEngine(a), AbortingEngine(b)]
+        trainer = make_async_trainer("multi_version", "sao", tmp_path, [a, b], engines, staleness=1, max_steps=4,
+                                     rebalance=True, drain_below=0.5)
+        asyncio.run(trainer.run())
+        aborted = a.aborted + b.aborted
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rollout/lost"] == 0 and r["rollout/staleness_max"] <= 1 for r in rows)
+    final = trainer.source.stats()
+    assert final["rollout/lost"] == 0
+    assert final["multi_version/moves"] >= 1 and final["rollout/moved"] >= 1, final
+    assert final["rollout/moved_requests"] >= 1 and aborted >= 1, final  # some moved mid-request
+    assert any(c == "pause:abort" for e in engines for c in e.calls)  # the source was aborted, then loaded
+    moved = [t for t in lines(tmp_path / "trajectories.jsonl") if t["status"] == "ok"
+             and {-0.5, -0.9} <= {round(lp, 3) for lp, m in zip(t["logprobs"], t["action_mask"]) if m}]
+    assert moved, "no recorded turn was sampled on both replicas"
+    for t in moved:
+        (turn,) = t["turns"]
+        sampled = bytes(i for i, m in zip(t["token_ids"], t["action_mask"]) if m and i < 256).decode()
+        assert sampled.count("The answer is") == 1 and t["reward"] == 1.0, sampled  # partial + rest, once
+        assert len({v for v, _ in turn["token_versions"]}) == 1 == len(set(turn["policy_versions"].values()))
 
 
 def trained_episodes(run_dir: Path) -> list[dict[str, Any]]:

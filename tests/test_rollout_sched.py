@@ -314,17 +314,21 @@ def test_rebalance_is_validated_like_the_other_fields():
         SchedulerConfig(rebalance="yes")  # type: ignore[arg-type]
 
 
-def test_the_real_driver_refuses_rebalance_until_it_can_move_a_request():
+def test_rebalance_reaches_the_real_multi_version_scheduler_and_other_modes_refuse_it():
     from hydra import compose, initialize_config_module
 
     from sao.rl.cli.train import to_config
-    from sao.rl.config import validate
+    from sao.rl.config import scheduler_config, validate
 
     with initialize_config_module("sao.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=["rollout=multi_version", "rollout.rebalance=true"]))
-        validate(replace(cfg, rollout=replace(cfg.rollout, rebalance=False)))  # the same run without it is fine
-        with pytest.raises(ConfigError, match="rollout.rebalance=true: the real driver cannot move"):
-            validate(cfg)
+        validate(cfg)
+        assert scheduler_config(cfg).rebalance is True  # the real driver executes the moves (sao.rl.rollout.moves)
+        assert scheduler_config(replace(cfg, rollout=replace(cfg.rollout, rebalance=False))).rebalance is False
+        for mode in ("async", "one_step_off"):
+            other = replace(cfg, rollout=replace(cfg.rollout, mode=mode))
+            with pytest.raises(ConfigError, match=f"rollout.rebalance=true .* only rollout=multi_version .*rollout={mode}"):
+                validate(other)
 
 
 # ---------------------------------------------------------------- pipe (RolloutPipe)

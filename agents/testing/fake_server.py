@@ -15,6 +15,9 @@ echoes ``prompt_token_ids`` and ``token_ids`` on ``/v1/completions`` as vLLM doe
 makes the server a hosted chat model: ``/v1/completions`` answers 404 without taking a reply.
 ``metrics`` (a callable returning Prometheus text) serves ``GET /metrics`` as vLLM does (404 without);
 ``max_model_len`` is listed in ``GET /v1/models``' model card, as vLLM lists its context.
+:meth:`FakeServer.abort` ends every request still waiting out its reply's ``delay_s`` as vLLM's
+``/pause?mode=abort`` does: at once, ``finish_reason`` "abort", with the tokens "generated so far" (the
+reply's ``partial``, default half of them) and their log-probs.
 The responder of a chat request gets the messages rendered as ChatML text (tool calls included).
 Note that ``sao-eval``'s ``--endpoint-mode auto`` probe is a ``/v1/completions`` request: on a
 server that is not ``chat_only`` it takes a reply like any other request.
@@ -27,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -52,6 +55,7 @@ class Reply:
     # token route: its weight_versions spans as given (version, start, end); None: one span over every
     # token labelled `weight_version` (vLLM's "default" when that is None)
     version_spans: tuple[tuple[str, int, int], ...] | None = None
+    partial: int | None = None  # tokens it answers with when FakeServer.abort() ends it; None: half of them
 
 
 @dataclass
@@ -72,6 +76,9 @@ class FakeServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._life = threading.RLock()  # start, stop, kill and restart may come from several threads
         self.dead = False  # killed: requests in flight get their connection closed, new ones are refused
+        self._aborts = threading.Condition()
+        self._abort_count = 0
+        self.aborted = 0  # requests that abort() ended
 
     @property
     def root_url(self) -> str:
@@ -113,6 +120,25 @@ class FakeServer:
             self.__exit__()
             self.__enter__()
 
+    def abort(self) -> None:
+        """End every request waiting out its delay, as vLLM's pause in "abort" mode does (module doc)."""
+        with self._aborts:
+            self._abort_count += 1
+            self._aborts.notify_all()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` (a reply's delay); True when :meth:`abort` ended the wait first."""
+        deadline = time.monotonic() + seconds
+        with self._aborts:
+            seen = self._abort_count
+            while self._abort_count == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._aborts.wait(left)
+            self.aborted += 1
+            return True
+
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(request)
@@ -135,6 +161,8 @@ class FakeServer:
         finish = reply.finish_reason
         if finish == "stop" and reply.end_with_eos:
             ids.append(self.tokenizer.eos_token_id)
+        if finish == "abort":
+            ids = ids[:len(ids) // 2 if reply.partial is None else reply.partial]
         if len(ids) > limit:
             ids, finish = ids[:limit], "length"
         choice: dict[str, Any] = {
@@ -249,8 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b'{"error": {"message": "not found"}}')
             return
         reply = self.fake.next_reply(request)
-        if reply.delay_s:
-            time.sleep(reply.delay_s)
+        if reply.delay_s and self.fake.wait(reply.delay_s):
+            reply = replace(reply, finish_reason="abort")
         if reply.drop or self.fake.dead:
             self.close_connection = True
             self.connection.close()

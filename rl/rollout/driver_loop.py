@@ -7,9 +7,10 @@
                                                ... -> SyncDone
     TrainOn(step, trajs, final)             -> a part of the learner's next batch, put on ``batches``
     Discard / Requeue / RecordFailed        -> write the attempt down (nothing is lost)
-    MoveTrajectory                          -> refused (RolloutError): moving a running request between
-                                               replicas exists only in sao-sim; rollout.rebalance=true is
-                                               a ConfigError (sao.rl.config.scheduler_config)
+    MoveTrajectory(traj, from, to)          -> its episode's later requests go to ``to``; the source's
+                                               next load first aborts what it runs, and an aborted
+                                               request goes on on ``to`` from its partial tokens
+                                               (:mod:`sao.rl.rollout.moves`)
 
 One consumer (:meth:`DriverLoop.run`) reads the event queue and calls the scheduler, so the
 scheduler needs no lock. Replica health is :class:`~sao.rl.rollout.replica_health.ReplicaHealth`'s; what each
@@ -30,8 +31,8 @@ from sao.agents import RolloutMeta, Trajectory
 from sao.agents.loop import episode_seed
 from sao.rl.prompts import OpenPrompts
 from sao.rl.rollout.failure_streak import FailureStreak
+from sao.rl.rollout.moves import Moves
 from sao.rl.rollout.replica_health import HealthConfig, Replica, ReplicaHealth
-from sao.rl.errors import RolloutError
 from sao.rl.rollout.schedulers import (
     Discard,
     MoveTrajectory,
@@ -55,8 +56,6 @@ from sao.rl.rollout.versioned_client import VersionedClient, turn_versions, vers
 
 log = logging.getLogger(__name__)
 
-NO_REAL_MOVE = ("the real driver cannot move a running request between replicas (only sao-sim executes "
-                "MoveTrajectory); run with rollout.rebalance=false")
 RunEpisode = Callable[[Any, PromptRef, int, int], Awaitable[Trajectory]]  # (client, prompt, sample, seed)
 LoadVersion = Callable[[int, int], Awaitable[None]]  # (replica id, version): load weights/v{version} into it
 
@@ -100,6 +99,7 @@ class DriverLoop:
         self._step_trajectories: list[Trajectory] = []  # parts already released for the step being assembled
         self._finished: dict[int, Trajectory] = {}
         self._running: dict[int, tuple[StartTrajectory, asyncio.Task[Any]]] = {}  # no TrajectoryFinished sent yet
+        self.moves = Moves(lambda r: VersionedClient(replicas[r].client, lambda: versions[r], lambda: versions.kv(r)))
         self._failed: list[Trajectory] = []
         self.lengths = LengthStats()  # action tokens of generated, trained and stale-dropped attempts (C2 bias)
         self.carried = ClosedCounts()  # a resumed run's attempts that earlier processes closed (closed_counts)
@@ -136,26 +136,7 @@ class DriverLoop:
         self.lengths.load_state_dict(lengths)
 
     def stats(self) -> dict[str, float]:
-        s, c = self.scheduler.stats(), self.carried
-        n = LedgerCounts.from_stats(s)
-        dead = self.health.dead
-        live = self.versions.live(dead)
-        return {
-            "rollout/staleness_max": s.get("staleness/max", 0.0),
-            "rollout/staleness_mean": s.get("staleness/mean", 0.0),
-            "rollout/lost": float(self.lost()),
-            "rollout/requeued": n.requeued + c.requeued,
-            "rollout/admitted": n.admitted + c.admitted,
-            "rollout/trained": n.trained + c.trained,
-            "rollout/failed_total": n.failed + c.failed,
-            "rollout/in_flight": s.get("rollout/in_flight", 0.0),
-            "rollout/replica_deaths": float(self.health.deaths),
-            "rollout/replica_restarts": float(self.health.restarts),
-            "rollout/replicas_live": float(len(self.replicas) - len(dead)),
-            "rollout/prefix_reset_refused": float(self.versions.refused_resets),
-            "engine/weight_version": float(max(live)),
-            "engine/weight_version_min": float(min(live)),
-        }
+        return driver_stats(self)
 
     def closed_counts(self) -> ClosedCounts:
         """The run's attempts that ended for good so far: admitted (less those in flight or waiting, which
@@ -179,7 +160,21 @@ class DriverLoop:
         for tid in orphans:
             _, task = self._running.pop(tid)
             task.cancel()
+        self.moves.forget(rid, orphans)
         return len(orphans)
+
+    def _move(self, action: MoveTrajectory) -> None:
+        """Seat a running episode on its new replica (:mod:`sao.rl.rollout.moves`); ``_running`` follows it."""
+        tid, to = action.traj_id, action.to_replica
+        running = tid in self._running and to not in self.health.dead
+        if self.moves.move(action, running):  # its source died first: its ReplicaDied no longer ends it; this does
+            self.events.put_nowait(TrajectoryFinished(tid, (action.version,), 0, True, "its replica died as it moved"))
+        elif tid in self._running:  # else it ended, and its TrajectoryFinished is queued
+            start, task = self._running.pop(tid)
+            if running:
+                self._running[tid] = (replace(start, replica=to), task)
+            else:  # the target died: its queued ReplicaDied re-queues it
+                task.cancel()
 
     def _execute(self, actions: list[Any]) -> None:
         for action in actions:
@@ -187,8 +182,8 @@ class DriverLoop:
                 # Decided before the scheduler read the queued ReplicaDied, which ends this attempt
                 # (re-queued) or this sync: nothing to run.
                 log.debug("skipping %r: replica %d is dead", action, action.replica)
-            elif isinstance(action, MoveTrajectory):  # rollout.rebalance: only sao-sim moves a running request
-                raise RolloutError(f"{action!r}: {NO_REAL_MOVE}")
+            elif isinstance(action, MoveTrajectory):
+                self._move(action)
             elif isinstance(action, StartTrajectory):
                 self._running[action.traj_id] = (action, self.spawn(self._episode(action)))
             elif isinstance(action, SyncReplica):
@@ -216,14 +211,15 @@ class DriverLoop:
         seed = episode_seed(self.seed, ref.index, start.prompt.index + 1000 * start.prompt.attempt)
         trajectory: Trajectory | None
         try:
-            client = VersionedClient(self.replicas[rid].client, lambda: self.versions[rid], lambda: self.versions.kv(rid))
-            trajectory = await self.run_episode(client, ref, start.prompt.index, seed)
+            trajectory = await self.run_episode(self.moves.client(start.traj_id, rid), ref, start.prompt.index, seed)
         except Exception as exc:  # noqa: BLE001 - an episode that raises is a failed attempt, not a dead loop
             log.warning("trajectory %d raised %r; recorded as a failed attempt", start.traj_id, exc)
             trajectory, cause = None, f"episode raised {type(exc).__name__}: {exc}"
+        finally:
+            rid = self.moves.leave(start.traj_id, rid)  # where it ended: a move seats it elsewhere
         if trajectory is None or trajectory.status != "ok":
             # A crashed engine fails every request on it: see it before the failures count against prompts.
-            await self.health.check(start.replica, at_once=True)
+            await self.health.check(rid, at_once=True)
         if start.traj_id not in self._running:
             return  # its replica died meanwhile; the scheduler re-queued or failed the attempt
         del self._running[start.traj_id]
@@ -232,7 +228,7 @@ class DriverLoop:
             self._count(cause)
             return
         versions = turn_versions(trajectory, start.version)
-        trajectory = replace(trajectory, rollout=RolloutMeta(ref.index, min(versions), replica=start.replica,
+        trajectory = replace(trajectory, rollout=RolloutMeta(ref.index, min(versions), replica=rid,
                                                              attempt=start.prompt.attempt, traj_id=start.traj_id))
         self.on_trajectory(trajectory)
         self._finished[start.traj_id] = trajectory
@@ -255,6 +251,7 @@ class DriverLoop:
         if self.versions[rid] == UNKNOWN_VERSION:  # restarted: it serves the weights it was launched with
             log.warning("replica %d, restarted, loads version %d before it serves again", rid, action.version)
         try:
+            await self.moves.drain(rid, self.replicas[rid].control)  # a move emptied it: abort what it runs
             await self.load(rid, action.version)
         except Exception as exc:  # noqa: BLE001 - a replica that cannot load weights is treated as dead
             if self.health.current(rid, generation):
@@ -281,3 +278,30 @@ class DriverLoop:
                        "rollout/batch_staleness_mean": sum(staleness) / len(staleness)}
         failed, self._failed = tuple(self._failed), []
         self.batches.put_nowait((RolloutBatch(trajectories, failed, (), metrics), action.final))
+
+
+def driver_stats(loop: DriverLoop) -> dict[str, float]:
+    """The driver's ``rollout/`` and ``engine/`` metrics: the ledger's counts (with a resumed run's
+    earlier ones), replica health, the versions served and the moves executed."""
+    s, c = loop.scheduler.stats(), loop.carried
+    n = LedgerCounts.from_stats(s)
+    dead = loop.health.dead
+    live = loop.versions.live(dead)
+    return {
+        "rollout/staleness_max": s.get("staleness/max", 0.0),
+        "rollout/staleness_mean": s.get("staleness/mean", 0.0),
+        "rollout/lost": float(loop.lost()),
+        "rollout/requeued": n.requeued + c.requeued,
+        "rollout/admitted": n.admitted + c.admitted,
+        "rollout/trained": n.trained + c.trained,
+        "rollout/failed_total": n.failed + c.failed,
+        "rollout/in_flight": s.get("rollout/in_flight", 0.0),
+        "rollout/replica_deaths": float(loop.health.deaths),
+        "rollout/replica_restarts": float(loop.health.restarts),
+        "rollout/replicas_live": float(len(loop.replicas) - len(dead)),
+        "rollout/prefix_reset_refused": float(loop.versions.refused_resets),
+        "engine/weight_version": float(max(live)),
+        "engine/weight_version_min": float(min(live)),
+        **{k: v for k, v in s.items() if k.startswith("multi_version/")},  # the moves planned, among others
+        **loop.moves.stats(),
+    }

@@ -20,7 +20,7 @@ Driver contract (what each action means and which event must come back):
   ``from_replica`` and continue it on ``to_replica``, which serves the same ``version`` (C1), from its
   prompt plus every token generated so far (the target prefills that prefix again), keeping the
   per-token versions and log-probs; no event answers it (the episode's end still sends
-  :class:`TrajectoryFinished`). Only ``sao-sim`` executes it so far; the real driver refuses the option.
+  :class:`TrajectoryFinished`). ``sao-sim`` and the real driver (:mod:`sao.rl.rollout.moves`) execute it.
 * :class:`Discard` -- forget the finished trajectory's data (it was dropped, e.g. too stale).
 * :class:`Requeue` and :class:`RecordFailed` -- informational: the attempt will not be trained;
   a re-queued prompt comes back later as a new :class:`StartTrajectory` (``attempt + 1``), a failed
@@ -255,8 +255,9 @@ class SchedulerConfig:
     rebalance:         ``multi_version``: move running trajectories between replicas of one old
                        version (:class:`MoveTrajectory`) so that a draining replica holding at most
                        ``drain_below * max_concurrency`` of them empties into its peers and upgrades at
-                       once, instead of idling on one long straggler. Off by default: only ``sao-sim``
-                       executes the move (the real driver refuses it; docs/results/dora-rebalancing.md).
+                       once, instead of idling on one long straggler. Off by default; ``sao-sim`` and
+                       the real driver (:mod:`sao.rl.rollout.moves`) execute the move
+                       (docs/results/dora-rebalancing.md).
     """
 
     batch_size: int = 128
