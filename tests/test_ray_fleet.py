@@ -187,6 +187,11 @@ def test_a_restarted_replica_removes_what_its_dead_predecessors_left_on_the_node
     left = subprocess.Popen(["sleep", "300"], env={**os.environ, FOLDER_TAG: str(run / "replica-0-aaaa1111")})
     other = subprocess.Popen(["sleep", "300"], env={**os.environ, FOLDER_TAG: str(run / "replica-1-cccc3333")})
     try:
+        for proc in (left, other):  # exec'd with the tag: until then /proc shows the parent's environment
+            deadline = time.monotonic() + 30
+            while FOLDER_TAG.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+                assert time.monotonic() < deadline, "the tagged process never started"
+                time.sleep(0.01)
         host = EngineHost(0, "run-1", str(tmp_path / "nodes"))
         host.folder.mkdir(parents=True)
         removed = remove_earlier_incarnations(host.folder)

@@ -135,9 +135,9 @@ def instance(docker_client) -> dict[str, Any]:
 def sao_eval(instance: dict[str, Any], out: Path, *flags: str, terminal: bool = False) -> dict[str, Any]:
     """``sao-eval swe-bench-verified --data ROWS --image-map MAP --base-url URL --model NAME`` (and ``flags``)
     against the scripted endpoint; what it wrote, its stderr and its wall time. ``terminal``: rich is told
-    that stderr is an interactive terminal (``TTY_COMPATIBLE``, ``TTY_INTERACTIVE``), so the live display
-    is drawn into it as on a user's screen."""
-    tty = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "160"} if terminal else {}
+    that stderr is an interactive terminal (``TTY_COMPATIBLE``, ``TTY_INTERACTIVE``, and a ``TERM`` other
+    than CI's ``dumb``), so the live display is drawn into it as on a user's screen."""
+    tty = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "160", "TERM": "xterm-256color"} if terminal else {}
     with FakeServer(responder=realistic_episode(instance["row"]["patch"]), chat_only=True, model="org/hosted-64k",
                     max_model_len=CONTEXT) as server:
         start = time.monotonic()
