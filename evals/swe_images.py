@@ -42,8 +42,7 @@ class RunImages:
     def prepare(self, task_ids: list[str]) -> Any:
         """Find every task's image; record those pulled or built; :class:`ImagesMissing` when any is missing."""
         prep = self.keeper.prepare(task_ids)
-        self.record({name: {"instance_id": iid, "source": prep.ready[iid].source,
-                            "how": "pulled" if prep.ready[iid].pulled else "built"}
+        self.record({name: entry(iid, prep.ready[iid].source, prep.ready[iid].pulled)
                      for name, iid in prep.owned().items()})
         if prep.missing:
             raise ImagesMissing(missing_message(prep, len(task_ids)))
@@ -71,8 +70,7 @@ class RunImages:
     def finish(self, episodes: Iterable[Trajectory], clean: bool) -> dict[str, Any]:
         """Record the images the episodes pulled or built, remove the run's images with ``clean``; the
         summary's image figures."""
-        self.record({t.info["image"]: {"instance_id": t.task_id, "source": t.info.get("image_source"),
-                                       "how": "pulled" if t.info.get("image_pulled") else "built"}
+        self.record({t.info["image"]: entry(t.task_id, t.info.get("image_source"), bool(t.info.get("image_pulled")))
                      for t in episodes if episode_owned(t)})
         out: dict[str, Any] = {"images_disk_start_bytes": self.disk_start}
         if clean:
@@ -86,8 +84,14 @@ class RunImages:
 
 def episode_owned(t: Trajectory) -> bool:
     """Whether the episode pulled or built its image (``info``'s ``image_pulled``, ``image_source``)."""
-    return isinstance(t.info.get("image"), str) and (
-        bool(t.info.get("image_pulled")) or t.info.get("image_source") == "swebench-build")
+    from sao.envs.swebench.image_prep import owned  # the SWE package, imported by SWE runs only
+
+    return isinstance(t.info.get("image"), str) and owned(t.info.get("image_pulled"), t.info.get("image_source"))
+
+
+def entry(instance_id: str, source: str | None, pulled: bool) -> dict[str, Any]:
+    """An ``images.json`` entry of an image the run pulled or built."""
+    return {"instance_id": instance_id, "source": source, "how": "pulled" if pulled else "built"}
 
 
 def missing_message(prep: Any, total: int) -> str:
