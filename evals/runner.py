@@ -308,7 +308,10 @@ def settled(t: Trajectory) -> bool:
     return t.status == "ok" or t.env_error
 
 
-def latest_episodes(path: Path) -> dict[tuple[str, int], Trajectory]:
+Latest = dict[tuple[str, int], Trajectory]  # (task id, sample) -> the episode that counts (latest_episodes)
+
+
+def latest_episodes(path: Path) -> Latest:
     """The episode that counts per (task, sample) pair in ``path``: the first settled one, else the last."""
     latest: dict[tuple[str, int], Trajectory] = {}
     for t in read_trajectories(path):
@@ -363,9 +366,11 @@ async def run_pairs(
     return player.routing_summary()
 
 
-def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Build results and summary from every trajectory on disk (the latest per pair wins)."""
-    latest = latest_episodes(cfg.output / TRAJECTORIES)
+def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float, latest: Latest | None = None
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Build results and summary from every trajectory on disk (the latest per pair wins; ``latest``: them,
+    already read by :func:`latest_episodes`)."""
+    latest = latest_episodes(cfg.output / TRAJECTORIES) if latest is None else latest
     results, outcomes, fallback = [], [], 0
     for task_id in task_ids:
         runs = [latest.get((task_id, s)) for s in range(cfg.samples)]
@@ -459,23 +464,24 @@ def cut_warning(summary: dict[str, Any]) -> str | None:
             f"agent ended them: {which}.{scored} The scores measure the limits as much as the model.")
 
 
-def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[str, Any]]) -> None:
+def write_outputs(cfg: EvalConfig, summary: dict[str, Any], results: list[dict[str, Any]],
+                  latest: Latest | None = None) -> None:
     try:
         with (cfg.output / RESULTS).open("w", encoding="utf-8") as fh:
             for row in results:
                 fh.write(json.dumps(row) + "\n")
         (cfg.output / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-        write_swebench_outputs(cfg, [row["task_id"] for row in results])
+        write_swebench_outputs(cfg, [row["task_id"] for row in results], latest)
     except OSError as exc:
         raise EvalError(f"the outputs cannot be written in {cfg.output} ({exc}); every episode is in "
                         f"{TRAJECTORIES}: fix that, then run again with --resume to write them") from exc
 
 
-def write_swebench_outputs(cfg: EvalConfig, task_ids: list[str]) -> None:
+def write_swebench_outputs(cfg: EvalConfig, task_ids: list[str], latest: Latest | None = None) -> None:
     """For environments that grade patches, the files the SWE-bench tools read (:mod:`.swe_outputs`:
     ``preds.json``, ``predictions.jsonl``, ``report.json``, ``reports/``, ``trajs/``), rebuilt from
-    every trajectory on disk."""
-    latest = latest_episodes(cfg.output / TRAJECTORIES)
+    every trajectory on disk (``latest``: them, already read)."""
+    latest = latest_episodes(cfg.output / TRAJECTORIES) if latest is None else latest
     if not (patch_benchmark(cfg.benchmark) or any("patch" in t.info for t in latest.values())):
         return
     swe_files(cfg).write_all(task_ids, latest)
@@ -510,17 +516,17 @@ def evaluate(cfg: EvalConfig, *, progress: Callable[[int, int], Callable[[Trajec
                 engine = asyncio.run(measured(cfg, endpoints, lambda: run_pairs(
                     cfg, endpoints or None, env_kwargs, pairs, writer, lambda t: [h(t) for h in hooks], board)))
                 rollout_s = time.monotonic() - t_rollout
+        latest = latest_episodes(cfg.output / TRAJECTORIES)  # every episode on disk, read once for all below
         # after grading: the images the episodes pulled recorded, --clean-images, the disk at the end
-        images_summary = {} if images is None else images.finish(
-            latest_episodes(cfg.output / TRAJECTORIES).values(), clean=cfg.clean_images)
-    summary, results = summarize(cfg, task_ids, time.monotonic() - t0)
+        images_summary = {} if images is None else images.finish(latest.values(), clean=cfg.clean_images)
+    summary, results = summarize(cfg, task_ids, time.monotonic() - t0, latest)
     summary |= run_times(before, wall_s=summary["wall_s"], rollout_s=rollout_s, ran=bool(pairs)) | context
     summary |= images_summary
     if engine is not None:
         summary |= engine
     elif not pairs:  # nothing ran: the engine figures of the run that did the work stay
         summary |= {k: v for k, v in before.items() if k in ENGINE_KEYS}
-    write_outputs(cfg, summary, results)
+    write_outputs(cfg, summary, results, latest)
     if (warning := cut_warning(summary)) is not None:
         log.warning("%s", warning)
     return summary
