@@ -126,7 +126,10 @@ def join_runs(parts: Sequence[Completion]) -> VersionRuns | None:
         if p.token_versions is None:
             return None
         for v, n in p.token_versions:
-            runs[-1:] = [(v, runs[-1][1] + n)] if runs and runs[-1][0] == v else [*runs[-1:], (v, n)]
+            if runs and runs[-1][0] == v:
+                runs[-1] = (v, runs[-1][1] + n)
+            else:
+                runs.append((v, n))
     return tuple(runs) or None
 
 
