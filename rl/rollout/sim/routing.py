@@ -137,22 +137,23 @@ class TurnPlacer:
 
     def prefill(self, rid: int, tid: int, turn: int, prefix: int, new_tokens: int) -> int:
         """Count the lookup of ``tid``'s prefix on ``rid``; returns the prefix tokens to recompute."""
-        cached = min(self.caches[rid].get(tid), prefix)
-        c = self.counters
-        c.presented += prefix + new_tokens
-        c.reused += cached
+        cached = self._lookup(rid, tid, prefix, presented=prefix + new_tokens)
         if turn > 0:
-            c.later_turns += 1
-            c.later_hits += cached > 0
+            self.counters.later_turns += 1
+            self.counters.later_hits += cached > 0
         return prefix - cached
 
     def recompute(self, rid: int, tid: int, prefix: int) -> int:
         """A running request of ``tid`` moved to ``rid`` mid-turn with ``prefix`` tokens (context, the turn's
         input and what it generated so far): count the lookup; returns the tokens to prefill again."""
+        return prefix - self._lookup(rid, tid, prefix, presented=prefix)
+
+    def _lookup(self, rid: int, tid: int, prefix: int, presented: int) -> int:
+        """The tokens of ``tid``'s ``prefix`` that ``rid`` caches, counted with ``presented`` tokens looked up."""
         cached = min(self.caches[rid].get(tid), prefix)
-        self.counters.presented += prefix
+        self.counters.presented += presented
         self.counters.reused += cached
-        return prefix - cached
+        return cached
 
     def cached(self, rid: int, tid: int, tokens: int) -> None:
         """``rid`` finished a turn of ``tid``: it now holds ``tokens`` of its context."""
