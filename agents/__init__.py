@@ -23,6 +23,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "loop.episodes": ["EpisodeRunner", "Renderers"],
         "loop.text_loop": ["run_text_episode"],
         "loop.token_loop": ["LoopConfig", "run_episode"],
-        "records": ["ChatCompletion", "Completion", "RolloutMeta", "Trajectory", "TurnRecord", "VersionSpan"],
+        "records": ["ChatCompletion", "Completion", "RolloutMeta", "Segment", "Trajectory", "TurnRecord", "VersionSpan"],
     },
 )

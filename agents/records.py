@@ -167,6 +167,29 @@ class RolloutMeta:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One trainable piece of an episode's tokens: ``token_ids[start:end]``.
+
+    An episode played through the capture proxy (sao.agents.capture) is one token sequence only while
+    each model call's prompt extends the previous call's prompt and completion exactly. When it does not
+    (the agent edited or compacted its history, or the template re-rendered a turn) a new segment starts,
+    and ``reason`` says why: "first" (the episode's first), "prefix_changed" (the prompt differs from the
+    previous sequence at position ``at``, counted from the segment's start), "history_shorter" (the prompt
+    is a strict prefix of the previous sequence: the agent dropped turns or asked again). Within a segment,
+    a turn's prompt is ``token_ids[start:turn.prompt_len]``.
+    """
+
+    start: int
+    end: int
+    reason: str
+    at: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"a segment spans at least one token from a position >= 0, not [{self.start}, {self.end})")
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode, ready for a learner.
 
@@ -183,6 +206,9 @@ class Trajectory:
     failure:     why a failed episode failed, one of :data:`FAILURES` ("infra_error" or "env_error");
                  None for an "ok" one. A failed record written before the field existed reads as None
                  and counts as an infrastructure error.
+    segments:    the :class:`Segment` s that the tokens are the concatenation of, in order, covering
+                 ``[0, T)``; empty: one segment (the token loop's episodes, and records written before the
+                 field existed). A learner trains on each segment as a sample of its own.
     """
 
     episode_id: str
@@ -205,9 +231,14 @@ class Trajectory:
     mode: str = "tokens"
     rollout: RolloutMeta | None = None
     failure: str | None = None
+    segments: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
+        if self.segments:
+            bounds = [(s.start, s.end) for s in self.segments]
+            if bounds[0][0] != 0 or bounds[-1][1] != n or any(a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
+                raise ValueError(f"segments {bounds} do not cover the {n} tokens in order")
         if len(self.action_mask) != n or len(self.logprobs) != n:
             raise ValueError(f"token_ids, action_mask and logprobs differ in length "
                              f"({n}, {len(self.action_mask)}, {len(self.logprobs)})")
@@ -267,6 +298,7 @@ class Trajectory:
         record["turns"] = tuple(_turn_from_dict(t) for t in record["turns"])
         if record.get("rollout") is not None:
             record["rollout"] = RolloutMeta(**record["rollout"])
+        record["segments"] = tuple(Segment(**s) for s in record.get("segments") or ())
         for key in ("token_ids", "action_mask", "logprobs", "messages"):
             record[key] = tuple(record[key])
         return cls(**record)

@@ -40,6 +40,7 @@ class OpenAIChatClient(TransportClient):
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        body.update(params.optional_fields())  # only those set: a hosted API may not know top_k
         answer = await self._http.post("/chat/completions", body)
         return replace(parse_chat_completion(answer.data), attempts=answer.attempts)
 

@@ -20,11 +20,28 @@ __all__ = ["CompletionClient", "OpenAICompletionClient", "RetryPolicy", "Samplin
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling settings. The optional ones (``top_k`` to ``repetition_penalty``) are sent
+    only when set: unset, vLLM fills them from the model's ``generation_config``. The capture proxy's
+    training rule sets them to the neutral values (``top_k=-1``, ``min_p=0``, no penalties) so that the
+    engine samples from the plain tempered distribution the learner assumes (sao.agents.capture.sampling)."""
+
     max_tokens: int | None  # None: not sent, the server's context bounds the answer (chat; never the token loop)
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_k: int | None = None  # -1: all tokens
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # 1.0: none
+
+    def optional_fields(self) -> dict[str, Any]:
+        """The optional settings that are set, by their API names."""
+        return {name: getattr(self, name) for name in OPTIONAL_FIELDS if getattr(self, name) is not None}
+
+
+OPTIONAL_FIELDS = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class CompletionClient(Protocol):
@@ -53,6 +70,7 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
         out["seed"] = params.seed
     if params.stop:
         out["stop"] = list(params.stop)
+    out.update(params.optional_fields())
     return out
 
 
