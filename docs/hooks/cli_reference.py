@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "sao-sim": "sao.rl.cli.sim:build_parser",
     "sao-model": "sao.agents.models.cli:build_parser",
     "sao-sandbox": "sao.sandboxes.cli:build_parser",
+    "sao-proxy": "sao.agents.capture.cli:build_parser",
     "python -m sao.rl.weights.export": "sao.rl.weights.export:build_parser",
 }
 HYDRA_COMMAND = "sao-train"
