@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sao.agents.records import Trajectory
+from sao.agents.records import Segment, Trajectory
 from sao.rl.algos import SAO, DISLoss, SAOConfig
 from sao.rl.learner.batch import collate, micro_batches
 from sao.rl.learner.learner import Learner, LearnerConfig, token_logprobs
@@ -68,6 +68,21 @@ def test_collate_pads_right_and_numbers_groups():
     # its final reward: not bootstrapped; one cut before the environment ended it is
     graded_cut = replace(traj([9, 10], [0, 1]), terminated=True, truncated=True)
     assert collate([graded_cut, traj([9, 10], [0, 1], truncated=True)], pad_id=0).truncated.tolist() == [False, True]
+
+
+def test_collate_trains_each_segment_of_a_split_episode_as_its_own_row_with_the_episode_reward():
+    # an external agent's episode (the capture proxy) whose second call re-rendered its history: two
+    # sequences the engine saw, [5 6 | 7 8] then [5 9 | 10], laid end to end with the segments' bounds
+    split = replace(traj([5, 6, 7, 8, 5, 9, 10], [0, 0, 1, 1, 0, 0, 1], reward=1.0, task="a"),
+                    segments=(Segment(0, 4, "first"), Segment(4, 7, "prefix_changed", at=1)))
+    b = collate([split, traj([11, 12, 13], [0, 1, 1], task="b")], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 8], [5, 9, 10, 0], [11, 12, 13, 0]]
+    assert b.action_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0], [0, 1, 1, 0]]
+    assert b.rollout_logprobs[1].tolist() == [0.0, 0.0, -1.0, 0.0]
+    assert b.rewards.tolist() == [1.0, 1.0, 0.0] and b.group_ids.tolist() == [0, 0, 1]
+    with pytest.raises(ValueError, match="token 2 .the start of a row"):  # a segment must open with a prompt token
+        collate([replace(traj([5, 6, 7], [0, 1, 1]), segments=(Segment(0, 2, "first"), Segment(2, 3, "history_shorter")))],
+                pad_id=0)
 
 
 def test_micro_batches_respect_budget_keep_order_and_trim():

@@ -104,7 +104,9 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     of one draw share an id: a draw is ``(env, task_id, rollout.prompt_index)``, the prompt's position
     in the run's task stream, which every rollout source stamps (a finite dataset re-permuted per
     epoch can draw the same task twice in one batch: two groups, not one). Trajectories without a
-    ``prompt_index`` (built by hand) group by ``(env, task_id)``. Raises ValueError on an empty list
+    ``prompt_index`` (built by hand) group by ``(env, task_id)``. A trajectory with segments (an external
+    agent's episode whose calls did not extend each other, :class:`~sao.agents.records.Segment`) becomes one
+    row per segment, each with the trajectory's reward, truncation and group. Raises ValueError on an empty list
     or on a trajectory whose first token is marked as an action (a token without a prefix has no
     log-prob to train), and refuses text-mode trajectories (``Trajectory.trainable`` false).
     """
@@ -113,33 +115,44 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     text = [tr.episode_id for tr in trajectories if not tr.trainable]
     if text:
         raise ValueError(f"{len(text)} trajectory(ies) ({', '.join(map(repr, text[:3]))}) were recorded in text mode "
-                         "(a chat-only endpoint: sao-eval --endpoint-mode chat): they hold text turns, no sampled "
+                         "(a chat-only endpoint: sao-eval --endpoint-mode chat, or an external agent's capture proxy in "
+                         "front of a hosted endpoint): they hold text turns, no sampled "
                          "token ids or log-probs, and cannot be trained on; record them with a token endpoint (vLLM)")
-    b, t = len(trajectories), max(max(len(tr.token_ids) for tr in trajectories), 1)
+    rows = [(tr, start, end) for tr in trajectories for start, end in _spans(tr)]
+    b, t = len(rows), max(max(end - start for _, start, end in rows), 1)
     input_ids = torch.full((b, t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((b, t), dtype=torch.long)
     action_mask = torch.zeros((b, t), dtype=torch.long)
     logprobs = torch.zeros((b, t), dtype=torch.float32)
     groups: dict[tuple[str, str, int | None], int] = {}
-    for i, tr in enumerate(trajectories):
-        n = len(tr.token_ids)
-        if n and tr.action_mask[0]:
-            raise ValueError(f"trajectory {tr.episode_id!r}: token 0 is marked as an action, but it has no prefix "
-                             "to condition on; a trajectory must start with at least one prompt token")
-        input_ids[i, :n] = torch.tensor(tr.token_ids, dtype=torch.long)
+    for i, (tr, start, end) in enumerate(rows):
+        n = end - start
+        if n and tr.action_mask[start]:
+            raise ValueError(f"trajectory {tr.episode_id!r}: token {start} (the start of a row) is marked as an action, "
+                             "but it has no prefix to condition on; a trajectory (and each of its segments) must start "
+                             "with at least one prompt token")
+        input_ids[i, :n] = torch.tensor(tr.token_ids[start:end], dtype=torch.long)
         attention_mask[i, :n] = 1
-        action_mask[i, :n] = torch.tensor(tr.action_mask, dtype=torch.long)
-        logprobs[i, :n] = torch.tensor(tr.logprobs, dtype=torch.float32)
+        action_mask[i, :n] = torch.tensor(tr.action_mask[start:end], dtype=torch.long)
+        logprobs[i, :n] = torch.tensor(tr.logprobs[start:end], dtype=torch.float32)
         groups.setdefault(_draw(tr), len(groups))
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         action_mask=action_mask,
         rollout_logprobs=logprobs * action_mask,
-        rewards=torch.tensor([tr.reward for tr in trajectories], dtype=torch.float32),
-        truncated=torch.tensor([tr.truncated and not tr.terminated for tr in trajectories], dtype=torch.bool),
-        group_ids=torch.tensor([groups[_draw(tr)] for tr in trajectories], dtype=torch.long),
+        rewards=torch.tensor([tr.reward for tr, _, _ in rows], dtype=torch.float32),
+        truncated=torch.tensor([tr.truncated and not tr.terminated for tr, _, _ in rows], dtype=torch.bool),
+        group_ids=torch.tensor([groups[_draw(tr)] for tr, _, _ in rows], dtype=torch.long),
     )
+
+
+def _spans(tr: Trajectory) -> list[tuple[int, int]]:
+    """The rows a trajectory trains as: the whole of it, or one per :class:`~sao.agents.records.Segment` of
+    an episode whose calls did not extend each other (the capture proxy's): each row is one sequence the
+    engine saw, ending in its own sampled tokens, and carries the episode's reward (step-wise, as SkyRL and
+    slime train such episodes)."""
+    return [(s.start, s.end) for s in tr.segments] or [(0, len(tr.token_ids))]
 
 
 def _draw(tr: Trajectory) -> tuple[str, str, int | None]:
