@@ -7,7 +7,7 @@ importable by name: ``sao.agents.testing.fake_agents:gold``). Each does one thin
   wrong; :func:`silent` returns no answer.
 * :func:`crash` raises; :func:`hang` starts a child process, writes its pid to ``spawned.pid`` in its
   working folder, and sleeps; :func:`hang_in_container` starts a container under the task's sandbox
-  rules (``docker run -d``, its id in ``container.id``) and sleeps.
+  rules (``docker run -d``, its id in ``container.id``, ``docker inspect`` in ``container.json``) and sleeps.
 * :func:`ask_model` asks the endpoint with the plain ``openai`` SDK (temperature 0, the task's seed) and
   answers what it said.
 """
@@ -74,6 +74,8 @@ def hang_in_container(task: AgentTask, endpoint: AgentEndpoint) -> AgentResult:
     run = subprocess.run(["docker", "run", "-d", *task.sandbox.docker_run_args(), image, "sleep", "3600"],
                          capture_output=True, text=True, check=True)
     Path("container.id").write_text(run.stdout.strip())
+    inspected = subprocess.run(["docker", "inspect", run.stdout.strip()], capture_output=True, text=True, check=True)
+    Path("container.json").write_text(inspected.stdout)
     time.sleep(3600)
     return AgentResult(patch="too late")
 
