@@ -71,3 +71,17 @@ def test_an_unknown_agent_and_misplaced_agent_flags_are_refused(tmp_path: Path, 
         assert "--agent-timeout and --agent-steps are for an agent plug-in" in capsys.readouterr().err
         assert sao_eval(server, tmp_path / "c", "--agent", "asker", "--agent-steps", "0")[0] == 2
         assert "--agent-steps must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.part("sao-eval")
+def test_a_plugin_agent_against_the_real_engine_is_evaluated(vllm_server, tmp_path: Path):
+    """The plain openai SDK agent against vLLM's chat route (temperature 0, seeded): any answer the small
+    model gives is graded; every episode ends graded, none fails."""
+    code = main(["arithmetic", "--agent", "asker", "--base-url", vllm_server.base_url, "--model",
+                 vllm_server.model_name, "--endpoint-mode", "chat", "--limit", "2", "--output", str(tmp_path / "o")])
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert code == 0 and summary["n_episodes"] == 2 and summary["n_failed"] == 0
+    assert summary["exit_status"] == {"agent_returned": 2} and summary["model"] == vllm_server.model_name
+    records = [json.loads(line) for line in (tmp_path / "o" / "trajectories.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and r["info"]["agent"]["steps"] == 1 and "gold" in r["info"] for r in records)

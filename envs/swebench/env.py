@@ -57,11 +57,9 @@ class SWEBenchEnv(TextEnv):
     """
 
     tools = TOOLS
-    # besides episodes (sao.envs.capabilities): --agent gold|empty, --grade-only, --prepare, finish_cut (a cut episode),
-    # an external agent's brief
+    # besides episodes (sao.envs.capabilities): --agent gold|empty, --grade-only, --prepare, a plug-in's brief, finish_cut
     scripted_policies, prediction_grader = staticmethod(baseline_policy), staticmethod(grade_prediction)
-    brief = staticmethod(brief_task)
-    instance_images = EnvImages
+    instance_images, brief = EnvImages, staticmethod(brief_task)
 
     def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
