@@ -413,7 +413,7 @@ def _report_problems(summary: dict[str, Any]) -> int:
                       "trajectories.jsonl): a bug of the environment, not of the model or the machine. They are "
                       "not counted as solved, and --resume will not retry them (they would fail the same way): "
                       "fix the environment (sao.envs.check_env) and evaluate into a new --output.[/]")
-    if summary["agent_errors"]:
+    if summary.get("agent_errors"):
         console.print(f"[yellow]{summary['agent_errors']} episode(s) failed in the agent plug-in: it raised, or ran "
                       "past --agent-timeout (exit_status agent_error or agent_timeout; see 'error' and "
                       "info.agent.log_tail in trajectories.jsonl, and agents/EPISODE_ID/agent.log). They are not "
@@ -439,9 +439,11 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     table.add_row("tasks x samples", f"{summary['n_tasks']} x {summary['samples_per_task']}")
     for k, v in summary["pass@k"].items():
         table.add_row(f"pass@{k}", f"{v:.4f}")
-    for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "agent_errors", "eval_errors", "n_failed",
+    for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "eval_errors", "n_failed",
                 "n_truncated", "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
+    if "agent_errors" in summary:  # a summary written before agent plug-ins has none
+        table.add_row("agent_errors", str(summary["agent_errors"]))
     if "exit_status" in summary:
         table.add_row("exit_status", ", ".join(f"{k} {v}" for k, v in summary["exit_status"].items()) or "-")
         table.add_row("autosubmit", str(summary["autosubmit"]).lower())

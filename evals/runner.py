@@ -288,7 +288,7 @@ def candidate_ids(cfg: EvalConfig, env: Any, name: str) -> tuple[list[str], str]
     the first ones of an endless source (ENDLESS_DEFAULT_LIMIT, or what --limit or --slice asks);
     with ``--grade-only``, the tasks that the predictions file has a patch for."""
     if cfg.grade_only is not None:
-        if not patch_benchmark(name) or prediction_grader(env) is None:  # math grades an agent's answer, not a file's
+        if not patch_benchmark(cfg.benchmark) or prediction_grader(env) is None:  # math grades an answer, not a file
             raise EvalError(f"{name} cannot grade predictions (--grade-only is for SWE benchmarks)")
         wanted = load_predictions(cfg.grade_only)
         every = env.unwrapped.task_ids()
