@@ -23,10 +23,11 @@ from sao.envs import Message
 SCHEMA_VERSION = 1
 MODES = ("tokens", "text")
 # Why a failed episode failed (Trajectory.failure): the machinery (engine, container, OS; running it
-# again may succeed) or the environment's own code (it raised, or broke Gymnasium's return contract;
-# it would fail the same way again). See sao.agents.loop.env_calls.
-INFRA_ERROR, ENV_ERROR = "infra_error", "env_error"
-FAILURES = (INFRA_ERROR, ENV_ERROR)
+# again may succeed), the environment's own code (it raised, or broke Gymnasium's return contract;
+# it would fail the same way again; see sao.agents.loop.env_calls), or an external agent (it raised,
+# hung past its timeout, or in training never called the model; sao.agents.external.runner).
+INFRA_ERROR, ENV_ERROR, AGENT_ERROR = "infra_error", "env_error", "agent_error"
+FAILURES = (INFRA_ERROR, ENV_ERROR, AGENT_ERROR)
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,8 @@ class Trajectory:
                  without token ids; the arrays are empty, see the module docstring). Records written
                  before the field existed read as "tokens".
     rollout:     a training rollout's metadata (:class:`RolloutMeta`); None outside training.
-    failure:     why a failed episode failed, one of :data:`FAILURES` ("infra_error" or "env_error");
-                 None for an "ok" one. A failed record written before the field existed reads as None
+    failure:     why a failed episode failed, one of :data:`FAILURES` ("infra_error", "env_error" or
+                 "agent_error": an external agent's own failure); None for an "ok" one. A failed record written before the field existed reads as None
                  and counts as an infrastructure error.
     segments:    the :class:`Segment` s that the tokens are the concatenation of, in order, covering
                  ``[0, T)``; empty: one segment (the token loop's episodes, and records written before the
@@ -259,6 +260,11 @@ class Trajectory:
     def env_error(self) -> bool:
         """Whether it failed in the environment's own code (it would fail the same way again)."""
         return self.status == "failed" and self.failure == ENV_ERROR
+
+    @property
+    def agent_error(self) -> bool:
+        """Whether an external agent failed it (raised, timed out, never called the model)."""
+        return self.status == "failed" and self.failure == AGENT_ERROR
 
     @property
     def correct(self) -> bool:

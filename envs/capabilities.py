@@ -1,5 +1,6 @@
 """What an environment offers evaluations and loops besides episodes: scripted agents, grading of given
-predictions, the end of an episode that a loop's limit cut, and its tasks' container images.
+predictions, the end of an episode that a loop's limit cut, its tasks' container images, and the brief
+of a task for an external agent.
 
 Each is a small callable Protocol that takes the (unwrapped) environment, so that the logic lives
 beside the task it knows (``swe_policies``, ``swebench.grading``, ``math_envs``) and not in the
@@ -19,9 +20,12 @@ an environment that does not offer them; nothing is registered at import.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import gymnasium as gym
+
+from sao.sandboxes import SandboxLimits
 
 from .core import Message
 
@@ -37,8 +41,9 @@ class ScriptedPolicies(Protocol):
 
 
 class PredictionGrader(Protocol):
-    """``(env, task_id, patch) -> info``: grade a given prediction without running an agent; the
-    final ``info`` an episode would end with (``correct``, ``answer``, ``error``, ...)."""
+    """``(env, task_id, patch) -> info``: grade a given prediction without running an agent (a patch for
+    SWE, an answer for math); the final ``info`` an episode would end with (``correct``, ``answer``,
+    ``error``, ...)."""
 
     def __call__(self, env: Any, task_id: str, patch: str) -> dict[str, Any]: ...
 
@@ -68,6 +73,32 @@ class InstanceImages(Protocol):
     def clean(self, owned_images: Iterable[str]) -> Any: ...
 
 
+@dataclass(frozen=True)
+class TaskBrief:
+    """A task as an external agent is told it, without the environment starting anything for it.
+
+    messages:  the opening messages an episode would start with (system and user).
+    image:     the task's container image, resolved (pulled or built) when it has one; else None.
+    repo_path: the repository's path inside that image (SWE: ``/testbed``); else None.
+    limits:    the limits for a container the agent starts on it (the environment's own); else None.
+    facts:     what else the task states (JSON-able: an instance id, a base commit).
+    """
+
+    messages: tuple[Message, ...]
+    image: str | None = None
+    repo_path: str | None = None
+    limits: SandboxLimits | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskBriefing(Protocol):
+    """``(env, task_id) -> TaskBrief``, declared as ``brief``: the task for an agent that runs on its own
+    (an external agent in its own container), without the episode's own sandbox that ``reset`` starts.
+    An environment without it is briefed by its ``reset``."""
+
+    def __call__(self, env: Any, task_id: str) -> TaskBrief: ...
+
+
 def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
     """The scripted agents ``env``'s class offers, or None."""
     return _declared(env, "scripted_policies")
@@ -76,6 +107,11 @@ def scripted_policies(env: gym.Env) -> ScriptedPolicies | None:
 def prediction_grader(env: gym.Env) -> PredictionGrader | None:
     """How ``env``'s class grades a given prediction (``--grade-only``), or None."""
     return _declared(env, "prediction_grader")
+
+
+def task_briefing(env: gym.Env) -> TaskBriefing | None:
+    """How ``env``'s class briefs an external agent without a ``reset`` (``brief``), or None."""
+    return _declared(env, "brief")
 
 
 def cut_grading(env: gym.Env) -> CutGrading | None:

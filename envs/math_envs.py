@@ -110,10 +110,28 @@ def baseline_policy(env: MathEnv, name: str, task_id: str) -> Policy:
     return lambda observation, info: {"role": "assistant", "content": text}
 
 
+def grade_answer(env: MathEnv, task_id: str, answer: str) -> dict[str, Any]:
+    """Grade a given answer to ``task_id`` with the environment's own checker (the math environments'
+    :class:`~sao.envs.capabilities.PredictionGrader`; an external agent's answer). The answer is taken
+    from ``answer`` as from a model's reply (the last ``\\boxed{}``, an "Answer:" statement, for integer
+    answers the last number); a bare answer without them ("x + 1") is the answer itself. Blank: no
+    answer, graded wrong. Returns the final ``info`` an episode ends with."""
+    task = env.tasks.get(task_id)
+    text = answer if isinstance(answer, str) else ""
+    pred = extract_answer(text, integer=env.integer_answers)
+    if pred is None and text.strip():
+        pred = text.strip()
+    result = grade(pred, task.answer, integer=env.integer_answers)
+    return {"task_id": task.task_id, "family": task.family, "correct": result.correct, "answer": pred,
+            "gold": task.answer, "graded_by": result.method, "attempts": 1 if pred is not None else 0,
+            "error": None, "exit_status": "grade_only"}
+
+
 class MathEnv(TextEnv):
     """Answer a math question; reward 1 if the final answer is equivalent to the reference."""
 
     scripted_policies = staticmethod(baseline_policy)  # `--agent gold|empty` (sao.envs.capabilities)
+    prediction_grader = staticmethod(grade_answer)  # an external agent's answer (sao.envs.capabilities)
 
     def __init__(
         self,

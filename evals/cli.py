@@ -41,6 +41,13 @@ def budgets_epilog() -> str:
     return f"{head}\n{rows}\n\n{tail}"
 
 
+def plugins_listed() -> str:
+    """The agent plug-ins installed, for the help (sao.agents.external.registry)."""
+    from sao.agents.external.registry import plugins
+
+    return "installed: " + (", ".join(plugins()) or "none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     names = ", ".join(sorted(entries()))
     p = argparse.ArgumentParser(
@@ -50,9 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("benchmark", help=f"benchmark name ({names}) or gymnasium id")
-    p.add_argument("--agent", choices=["llm", "gold", "empty"], default="llm",
-                   help="who acts: the model (llm, default), or a scripted baseline of the environment: gold "
-                        "(the reference solution through the real tools) or empty (no change)")
+    p.add_argument("--agent", default="llm", metavar="NAME",
+                   help="who acts: the model (llm, default); a scripted baseline of the environment: gold "
+                        "(the reference solution through the real tools) or empty (no change); or an agent "
+                        f"plug-in of the sao.agents entry-point group ({plugins_listed()}), run unchanged in a "
+                        "subprocess per episode against the model's endpoint, what it returns graded by the "
+                        "environment")
+    p.add_argument("--agent-timeout", type=float, metavar="S",
+                   help="an agent plug-in's wall time per episode, in seconds; past it the agent is killed with "
+                        "every process it started and its containers, and the episode is a failed one "
+                        "(agent_timeout) (default 3600 for the SWE benchmarks, 600 for the others)")
+    p.add_argument("--agent-steps", type=int, metavar="N",
+                   help="the most model calls an agent plug-in is asked to make per episode (its AgentTask's "
+                        "step_limit; default: the agent's own)")
     p.add_argument("--model", default="smollm2-135m",
                    help="model alias (see `sao-model list`), local checkpoint directory, or Hugging Face id; "
                         "with --base-url, the served model name (default: smollm2-135m)")
@@ -327,6 +344,7 @@ def eval_config(args: argparse.Namespace, output: Path) -> EvalConfig:
         speculative=SpeculativeConfig(method=args.speculative, num_tokens=args.spec_tokens, schedule=args.spec_schedule),
         max_restarts=args.max_restarts, replicas=args.replicas, router=args.router,
         prepare=args.prepare or args.prepare_only, clean_images=args.clean_images,
+        agent_timeout_s=args.agent_timeout, agent_steps=args.agent_steps,
         env_args=_env_args(args.env_arg, tools=args.tools, sandbox=args.sandbox, max_steps=args.max_steps,
                            images=None if args.image_map is None else str(args.image_map),
                            **_swe_env_args(args)),
@@ -395,6 +413,11 @@ def _report_problems(summary: dict[str, Any]) -> int:
                       "trajectories.jsonl): a bug of the environment, not of the model or the machine. They are "
                       "not counted as solved, and --resume will not retry them (they would fail the same way): "
                       "fix the environment (sao.envs.check_env) and evaluate into a new --output.[/]")
+    if summary.get("agent_errors"):
+        console.print(f"[yellow]{summary['agent_errors']} episode(s) failed in the agent plug-in: it raised, or ran "
+                      "past --agent-timeout (exit_status agent_error or agent_timeout; see 'error' and "
+                      "info.agent.log_tail in trajectories.jsonl, and agents/EPISODE_ID/agent.log). They are not "
+                      "counted as solved, and --resume keeps them.[/]")
     return 1 if summary["infra_errors"] or summary["eval_errors"] or summary["env_errors"] else 0
 
 
@@ -419,6 +442,8 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
     for key in ("resolved", "graded_by_fallback", "infra_errors", "env_errors", "eval_errors", "n_failed",
                 "n_truncated", "tokens_generated", "mode", "wall_s"):
         table.add_row(key, str(summary[key]))
+    if "agent_errors" in summary:  # a summary written before agent plug-ins has none
+        table.add_row("agent_errors", str(summary["agent_errors"]))
     if "exit_status" in summary:
         table.add_row("exit_status", ", ".join(f"{k} {v}" for k, v in summary["exit_status"].items()) or "-")
         table.add_row("autosubmit", str(summary["autosubmit"]).lower())

@@ -29,7 +29,7 @@ ENGINE_KEYS = ("speculative", "spec_acceptance", "spec_accepted_per_draft", "pre
 @contextlib.contextmanager
 def open_engines(cfg: EvalConfig) -> Iterator[list[Endpoint]]:
     """The endpoints the model plays on (module doc), stopped on exit when managed."""
-    if cfg.agent != "llm" or cfg.grade_only is not None:
+    if not cfg.model_plays:
         yield []
     elif cfg.replicas > 1:
         with open_replicas(cfg.model, cfg.replicas, max_model_len=cfg.max_model_len, log_dir=cfg.output,

@@ -1,7 +1,14 @@
 """Who plays an evaluation's episodes, one :class:`Player` per run: the model through its client (the
 token loop, or the text loop on a chat endpoint; several replicas through a router), the
-environment's scripted agent (``--agent gold|empty``), or a given prediction (``--grade-only``, read by
-:func:`~.swe_outputs.load_predictions`: jsonl, a JSON list, or preds.json's object keyed by instance id)."""
+environment's scripted agent (``--agent gold|empty``), an agent plug-in (``--agent NAME``, each
+episode in its own subprocess: :class:`~sao.agents.external.runner.ExternalAgentRunner`, against the
+session a :class:`~sao.agents.external.sessions.SessionOpener` opens per episode), or a given prediction
+(``--grade-only``, read by :func:`~.swe_outputs.load_predictions`: jsonl, a JSON list, or preds.json's
+object keyed by instance id).
+
+The seam for the capture proxy is the ``session_opener`` a Player is given: without one, an agent plug-in
+is pointed at the endpoint itself (:class:`~sao.agents.external.sessions.PassThroughSessions`: nothing
+captured, text records)."""
 
 from __future__ import annotations
 
@@ -21,6 +28,10 @@ from sao.agents import (
 )
 from sao.agents.clients import Endpoint
 from sao.agents.engine import EngineWatch, routed, watching
+from sao.agents.external.registry import find as find_plugin
+from sao.agents.external.runner import ExternalAgentRunner
+from sao.agents.external.sessions import PassThroughSessions, SessionOpener
+from sao.agents.external.task import AgentEndpoint
 from sao.agents.loop import run_graded_patch, run_scripted_episode
 from sao.agents.routing import RoutingClient
 from sao.envs.capabilities import scripted_policies
@@ -37,15 +48,23 @@ class Player:
     scripted agent or ``--grade-only``). The model's clients are made here, the router's within
     :meth:`serving`, which closes them."""
 
-    def __init__(self, cfg: EvalConfig, env_name: str, endpoints: list[Endpoint], env_kwargs: dict[str, Any]):
+    def __init__(self, cfg: EvalConfig, env_name: str, endpoints: list[Endpoint], env_kwargs: dict[str, Any],
+                 session_opener: SessionOpener | None = None):
         self.cfg, self.env_name, self.endpoints = cfg, env_name, endpoints
         self.first = first = endpoints[0] if endpoints else None
         self.client: OpenAICompletionClient | OpenAIChatClient | None = None
         self.routing: RoutingClient | None = None  # several replicas
         self.runner: EpisodeRunner | None = None  # the token loop
+        self.external: ExternalAgentRunner | None = None  # an agent plug-in
+        self.sessions: SessionOpener | None = None  # its episodes' sessions
         self.client_args: dict[str, Any] = {}
         self.loop_cfg: LoopConfig | None = None
-        if first is not None:
+        if first is not None and cfg.plugin:
+            self.external = ExternalAgentRunner(env_name, find_plugin(cfg.agent), timeout_s=cfg.agent_timeout(),
+                                                step_limit=cfg.agent_steps, log_dir=cfg.output / "agents")
+            self.sessions = session_opener or PassThroughSessions(
+                AgentEndpoint(first.base_url, first.model, first.api_key or "EMPTY"))
+        elif first is not None:
             self.client_args = dict(api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
                                     max_connections=cfg.concurrency)
             self.loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
@@ -63,6 +82,9 @@ class Player:
         env_name = self.env_name
         if self.predictions is not None:
             return await run_graded_patch(env, self.predictions[task_id], env_name=env_name, task_id=task_id)
+        if self.external is not None:
+            assert self.sessions is not None
+            return await self.external.play(env, self.sessions, task_id=task_id, sample=sample, seed=seed)
         if self.first is None:
             policies = scripted_policies(env)
             if policies is None:  # plan() checked the benchmark's environment already

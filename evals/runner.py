@@ -17,9 +17,9 @@ Outputs in ``output/``:
   sample with ``--samples`` > 1 (see :mod:`.swe_outputs`).
 
 Resume re-reads ``trajectories.jsonl`` and skips every pair that already ended with
-``status == "ok"`` or failed in the environment's own code (``failure == "env_error"``: it would
-fail the same way again); episodes failed by the infrastructure (engine, container, ...) are run
-again. ``wall_s`` and ``rollout_s`` in ``summary.json`` are summed over the invocations that ran
+``status == "ok"``, failed in the environment's own code (``failure == "env_error"``: it would
+fail the same way again) or was failed by an agent plug-in (``failure == "agent_error"``: its
+outcome); episodes failed by the infrastructure (engine, container, ...) are run again. ``wall_s`` and ``rollout_s`` in ``summary.json`` are summed over the invocations that ran
 episodes (``timed_runs``); one with nothing left to run keeps them.
 
 Before anything starts, :func:`~.outputs.check_output` checks that every output file can be
@@ -30,7 +30,7 @@ The model plays in one of two modes (``endpoint_mode``, see :mod:`sao.agents.cli
 loop (:func:`~sao.agents.run_episode`), or, for an endpoint that returns no token ids, the text loop
 on the chat API (:func:`~sao.agents.run_text_episode`). Grading, pass@k, resume and the SWE outputs
 are the same in both; ``summary.json`` says which mode the episodes ran in. Who plays an episode (the
-model, a scripted agent, a given prediction) is :class:`~.players.Player`'s part; :func:`run_pairs` runs
+model, a scripted agent, an agent plug-in, a given prediction) is :class:`~.players.Player`'s part; :func:`run_pairs` runs
 the episodes side by side and records each; with a :class:`~.live.Board`, each episode in flight is on it
 (sao-eval's status lines).
 """
@@ -55,6 +55,9 @@ from sao.agents.engine import EngineWatch, SpeculativeConfig, rerun_on_death
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.loop import INFRASTRUCTURE, opened, task_seed, unplayed
 from sao.agents.loop.exits import LIMITS, exit_status
+from sao.agents.external.errors import AgentPluginError
+from sao.agents.external.registry import find as find_plugin
+from sao.agents.external.task import BUILTIN_AGENTS
 from sao.agents.store import TrajectoryWriter, read_trajectories
 from sao.envs import EnvEntry, EnvError, make, resolve
 from sao.envs.capabilities import prediction_grader, scripted_policies
@@ -77,12 +80,14 @@ log = logging.getLogger(__name__)
 # endpoint mode may change too: each trajectory records its own, and summary.json reports them.
 # The selection's fields (Selection.identity) and the seeding scheme are part of it too.
 _IDENTITY = ("benchmark", "agent", "model", "data", "split", "samples", "limit", "temperature", "max_tokens",
-             "max_tokens_per_turn", "max_turns", "seed", "env_args", "grade_only")
+             "max_tokens_per_turn", "max_turns", "seed", "env_args", "grade_only", "agent_steps")
 SEEDS = "task_seed"  # episodes seeded by task id (sao.agents.loop.task_seed); before it, by position
 # what a run.json written before a field existed means by its absence
 _IDENTITY_BEFORE = {"split": None, "instance_ids": None, "filter": None, "shuffle": False, "slice": None,
-                    "seeds": "episode_seed", "max_tokens_per_turn": None}
-AGENTS = ("llm", "gold", "empty")  # the model, or a scripted baseline that the environment provides
+                    "seeds": "episode_seed", "max_tokens_per_turn": None, "agent_steps": None}
+AGENTS = BUILTIN_AGENTS  # the model, or a scripted baseline that the environment provides; else an agent plug-in
+SCRIPTED = ("gold", "empty")
+AGENT_TIMEOUT_S = {"coding": 3600.0, "default": 600.0}  # an agent plug-in's wall time per episode, by domain
 
 
 EVAL_ROUTERS = ("cache_aware", "round_robin")  # sao.agents.routing.routers (pinned needs a scheduler's home replica)
@@ -127,6 +132,9 @@ class EvalConfig:
     # SWE images (sao.evals.swe_images); not part of the run's identity: a --resume may change them
     prepare: bool = False  # --prepare: every selected instance's image found (pulled, built) before anything starts
     clean_images: bool = False  # --clean-images: after grading, remove the images this run pulled or built
+    # an agent plug-in (--agent NAME of the sao.agents entry-point group; sao.agents.external)
+    agent_timeout_s: float | None = None  # --agent-timeout: its wall time per episode; None: AGENT_TIMEOUT_S
+    agent_steps: int | None = None  # --agent-steps: the most model calls it is asked to make; None: its own
 
     def __post_init__(self) -> None:
         self._resolve_budgets()
@@ -137,13 +145,12 @@ class EvalConfig:
             raise EvalError("--speculative needs the model to play (--agent llm, no --grade-only)")
         if self.endpoint_mode not in ENDPOINT_MODES:
             raise EvalError(f"--endpoint-mode must be one of {ENDPOINT_MODES}, got {self.endpoint_mode!r}")
-        if self.endpoint_mode == "chat" and self.base_url is None and self.agent == "llm" and self.grade_only is None:
+        if self.endpoint_mode == "chat" and self.base_url is None and self.model_plays:
             raise EvalError("--endpoint-mode chat needs --base-url: a local vLLM is run in tokens mode")
         for name in ("samples", "concurrency", "max_tokens", "max_turns", "max_tokens_per_turn", "max_model_len"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise EvalError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.agent not in AGENTS:
-            raise EvalError(f"--agent must be one of {AGENTS}, got {self.agent!r}")
+        self._check_agent()
         if self.grade_only is not None and self.samples != 1:
             raise EvalError("--grade-only grades one prediction per instance: --samples must be 1")
         self.selection()  # a bad --limit, --filter, ... fails here
@@ -162,6 +169,39 @@ class EvalConfig:
         if self.replicas > 1 and (self.base_url is not None or self.agent != "llm" or self.grade_only is not None):
             raise EvalError("--replicas starts that many local vLLM engines for the model to play: it takes no "
                             "--base-url, --agent other than llm, or --grade-only")
+
+    @property
+    def plugin(self) -> bool:
+        """Whether an agent plug-in plays (``--agent NAME``, not a built-in)."""
+        return self.agent not in AGENTS
+
+    @property
+    def model_plays(self) -> bool:
+        """Whether a model is sampled: the project's loop (``llm``) or an agent plug-in, not ``--grade-only``."""
+        return (self.agent == "llm" or self.plugin) and self.grade_only is None
+
+    def agent_timeout(self) -> float:
+        """An agent plug-in's wall time per episode: ``--agent-timeout``, else the benchmark's domain's."""
+        if self.agent_timeout_s is not None:
+            return self.agent_timeout_s
+        return AGENT_TIMEOUT_S["coding" if patch_benchmark(self.benchmark) else "default"]
+
+    def _check_agent(self) -> None:
+        """A plug-in's name must be registered (:mod:`sao.agents.external.registry`); its flags need one."""
+        if self.plugin:
+            try:
+                find_plugin(self.agent)
+            except AgentPluginError as exc:
+                raise EvalError(f"--agent: {exc}") from None
+            if self.grade_only is not None:
+                raise EvalError("--grade-only grades given predictions: it takes no --agent plug-in")
+        elif self.agent_timeout_s is not None or self.agent_steps is not None:
+            raise EvalError("--agent-timeout and --agent-steps are for an agent plug-in (--agent NAME); "
+                            f"{self.agent} is a built-in agent")
+        if self.agent_timeout_s is not None and not self.agent_timeout_s > 0:
+            raise EvalError(f"--agent-timeout must be > 0, got {self.agent_timeout_s}")
+        if self.agent_steps is not None and self.agent_steps < 1:
+            raise EvalError(f"--agent-steps must be >= 1, got {self.agent_steps}")
 
     def _resolve_budgets(self) -> None:
         """Fill the budget fields left None with the benchmark's (an unknown benchmark fails here)."""
@@ -201,8 +241,11 @@ def plan(cfg: EvalConfig) -> tuple[list[str], dict[str, Any]]:
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise EvalError(f"{entry.name}({shown}) could not be made: {type(exc).__name__}: {exc}") from exc
     try:
-        if cfg.agent != "llm" and scripted_policies(env) is None:
+        if cfg.agent in SCRIPTED and scripted_policies(env) is None:
             raise EvalError(f"{entry.name} has no scripted agents; use --agent llm")
+        if cfg.plugin and prediction_grader(env) is None:
+            raise EvalError(f"{entry.name} cannot grade what an agent plug-in returns (it offers no prediction "
+                            "grader); use --agent llm")
         candidates, source = candidate_ids(cfg, env, entry.name)
         ids = cfg.selection().apply(candidates, source=source)
         if ids and cfg.grade_only is None and entry.name not in {e.name for e in BUILTINS}:
@@ -245,7 +288,7 @@ def candidate_ids(cfg: EvalConfig, env: Any, name: str) -> tuple[list[str], str]
     the first ones of an endless source (ENDLESS_DEFAULT_LIMIT, or what --limit or --slice asks);
     with ``--grade-only``, the tasks that the predictions file has a patch for."""
     if cfg.grade_only is not None:
-        if prediction_grader(env) is None:
+        if not patch_benchmark(cfg.benchmark) or prediction_grader(env) is None:  # math grades an answer, not a file
             raise EvalError(f"{name} cannot grade predictions (--grade-only is for SWE benchmarks)")
         wanted = load_predictions(cfg.grade_only)
         every = env.unwrapped.task_ids()
@@ -303,9 +346,10 @@ def write_run_file(cfg: EvalConfig, run_file: Path) -> None:
 
 
 def settled(t: Trajectory) -> bool:
-    """Whether ``--resume`` leaves the episode as it is: it ended, or failed in the environment's own
-    code (it would fail the same way again); an infrastructure failure is run again."""
-    return t.status == "ok" or t.env_error
+    """Whether ``--resume`` leaves the episode as it is: it ended, failed in the environment's own
+    code (it would fail the same way again), or an agent plug-in failed it (its outcome, as a wrong
+    answer is); an infrastructure failure is run again."""
+    return t.status == "ok" or t.env_error or t.agent_error
 
 
 Latest = dict[tuple[str, int], Trajectory]  # (task id, sample) -> the episode that counts (latest_episodes)
@@ -381,13 +425,13 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float, latest: Lates
     planned = set(task_ids)
     done = [t for t in latest.values() if t.task_id in planned]
     tokens = sum(t.generated_tokens for t in done)
-    played = cfg.agent == "llm" and cfg.grade_only is None
+    played = cfg.model_plays
     modes = sorted({t.mode for t in done}) if played else []
     pass_k = mean_pass_at_k(outcomes)
     summary = {
         "benchmark": cfg.benchmark,
         # the model only when one acted: scripted agents (gold, empty) and --grade-only have none
-        "model": cfg.model if cfg.agent == "llm" and not cfg.grade_only else None,
+        "model": cfg.model if cfg.model_plays else None,
         "agent": cfg.agent,
         "n_tasks": len(task_ids),
         "n_instances": len(task_ids),
@@ -406,11 +450,14 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float, latest: Lates
         "n_failed": sum(t.status == "failed" for t in done),  # infra_errors + env_errors, grading errors aside
         # the episode could not be run or graded for a reason that is not the agent's (engine, container, ...);
         # --resume runs the failed ones again
-        "infra_errors": sum((t.status == "failed" and not t.env_error) or (t.status == "ok" and bool(t.info.get("error")))
-                            for t in done),
+        "infra_errors": sum((t.status == "failed" and not t.env_error and not t.agent_error)
+                            or (t.status == "ok" and bool(t.info.get("error"))) for t in done),
         # the environment's own code raised or broke its return contract: a bug of the environment, not
         # retried by --resume (it would fail the same way)
         "env_errors": sum(t.env_error for t in done),
+        # an agent plug-in raised, hung past its timeout (or, in training, never called the model): its own
+        # failure, not solved, and not retried by --resume (a retry would re-roll the agent until it succeeds)
+        "agent_errors": sum(t.agent_error for t in done),
         # graded, but the grading could not judge (the image cannot run its tests): neither solved nor
         # unresolved, and not retried by --resume (it would fail the same way)
         "eval_errors": sum(t.status == "ok" and bool(t.info.get("eval_error")) for t in done),

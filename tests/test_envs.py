@@ -108,10 +108,11 @@ def test_feedback_turns_make_a_multi_turn_episode():
 
 
 def test_capabilities_are_found_on_the_env_class():
-    # Math: gold answers the reference (graded 1.0), empty answers nothing; no prediction grading.
+    # Math: gold answers the reference (graded 1.0), empty answers nothing; a given answer is graded
+    # (an external agent's: test_external_grading.py).
     env = E.make("arithmetic")
     policies = scripted_policies(env)
-    assert policies is not None and prediction_grader(env) is None
+    assert policies is not None and prediction_grader(env) is not None
     obs, info = env.reset(options={"task_id": "add-d1-s0-i0"})
     _, reward, terminated, _, _ = env.step(policies(env.unwrapped, "gold", "add-d1-s0-i0")(obs, info))
     assert terminated and reward == 1.0

@@ -65,6 +65,7 @@ class AgentTask:
     step_limit: the most model calls the agent should make (None: its own default).
     timeout_s:  the wall time the agent's subprocess gets before it is killed.
     extra:      anything else the environment states about the task (JSON-able).
+    seed:       the episode's sampling seed, for an agent that seeds its requests (None: unseeded).
     """
 
     env: str
@@ -79,6 +80,7 @@ class AgentTask:
     step_limit: int | None = None
     timeout_s: float = 3600.0
     extra: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

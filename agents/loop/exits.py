@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..records import ENV_ERROR, INFRA_ERROR
+from ..records import AGENT_ERROR, ENV_ERROR, INFRA_ERROR
 
 LOOP_LIMITS = ("max_turns", "max_tokens", "max_tokens_per_turn", "context")
 """The loop's limits (``info["truncated_by"]``): model calls, the episode's token budget, one turn's
@@ -40,9 +40,16 @@ EXIT_STATUSES: dict[str, str] = {
     "truncated": "an environment that names no exit status cut it",
     ENV_ERROR: "the environment's own code raised, or broke Gymnasium's contract (failed)",
     INFRA_ERROR: "the infrastructure failed: engine, container, Docker, grading machinery",
+    "agent_returned": "an external agent returned its answer or patch; graded by the environment",
+    AGENT_ERROR: "an external agent raised (or its process died without a result) (failed)",
+    "agent_timeout": "an external agent ran past its timeout and was killed, with its processes (failed)",
+    "no_calls": "in training, an external agent never called the model (failed)",
 }
 """Every exit status, with its meaning. A loop limit's episode is graded (with ``autosubmit``, an empty
 patch without) when the environment offers :class:`~sao.envs.capabilities.CutGrading`."""
+
+AGENT_FAILURES = (AGENT_ERROR, "agent_timeout", "no_calls")
+"""The exit statuses of an episode that an external agent failed (``failure="agent_error"``)."""
 
 
 def exit_status(*, status: str, failure: str | None, truncated_by: str | None, info: dict[str, Any],
@@ -51,7 +58,8 @@ def exit_status(*, status: str, failure: str | None, truncated_by: str | None, i
     when it ended the episode (``terminated`` or ``truncated``: its flags), the loop limit that cut it,
     else ``terminated`` or ``truncated``."""
     if status != "ok":
-        return failure or INFRA_ERROR
+        named = info.get("exit_status")  # an external agent's failure names its cause
+        return named if failure == AGENT_ERROR and named in AGENT_FAILURES else failure or INFRA_ERROR
     named = info.get("exit_status") if terminated or truncated else None
     if isinstance(named, str) and named:
         return named

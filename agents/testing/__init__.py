@@ -1,5 +1,5 @@
 """Fakes for tests, kept in the package: a scripted OpenAI-compatible completion server
-(:mod:`.fake_server`)."""
+(:mod:`.fake_server`) and scripted agent plug-ins (:mod:`.fake_agents`, run by name in a subprocess)."""
 
 import lazy_loader
 

@@ -16,6 +16,7 @@ from sao.sandboxes import LABEL_VALUE, DockerSandbox, SandboxLimits
 from ..core import Message, TextEnv
 from ..errors import DatasetError, TaskError
 from ..swe_policies import baseline_policy
+from .brief import brief_task
 from .episode import Episode, first_messages, run_tool_calls
 from .grading import GradeResult, grade_patch, grade_prediction, instance_report, ungraded, unsubmitted
 from .image_prep import EnvImages
@@ -56,9 +57,9 @@ class SWEBenchEnv(TextEnv):
     """
 
     tools = TOOLS
-    # besides episodes (sao.envs.capabilities): --agent gold|empty, --grade-only, --prepare, finish_cut (a cut episode)
+    # besides episodes (sao.envs.capabilities): --agent gold|empty, --grade-only, --prepare, a plug-in's brief, finish_cut
     scripted_policies, prediction_grader = staticmethod(baseline_policy), staticmethod(grade_prediction)
-    instance_images = EnvImages
+    instance_images, brief = EnvImages, staticmethod(brief_task)
 
     def __init__(self, instances: Sequence[SWEInstance], *, name: str = "swe-bench",
                  images: Mapping[str, str] | str | os.PathLike | None = None, pull: bool = True,
