@@ -6,9 +6,10 @@ session a :class:`~sao.agents.external.sessions.SessionOpener` opens per episode
 (``--grade-only``, read by :func:`~.swe_outputs.load_predictions`: jsonl, a JSON list, or preds.json's
 object keyed by instance id).
 
-The seam for the capture proxy is the ``session_opener`` a Player is given: without one, an agent plug-in
-is pointed at the endpoint itself (:class:`~sao.agents.external.sessions.PassThroughSessions`: nothing
-captured, text records)."""
+An agent plug-in's episodes each get a session of the capture proxy in front of the endpoint
+(:mod:`.capture`: exact tokens on a token endpoint, text on a chat one), unless the Player is given another
+``session_opener`` (tests; :class:`~sao.agents.external.sessions.PassThroughSessions` points the agent at
+the endpoint itself and captures nothing)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ from sao.agents.clients import Endpoint
 from sao.agents.engine import EngineWatch, routed, watching
 from sao.agents.external.registry import find as find_plugin
 from sao.agents.external.runner import ExternalAgentRunner
-from sao.agents.external.sessions import PassThroughSessions, SessionOpener
-from sao.agents.external.task import AgentEndpoint
+from sao.agents.external.sessions import SessionOpener
 from sao.agents.loop import run_graded_patch, run_scripted_episode
 from sao.agents.routing import RoutingClient
 from sao.envs.capabilities import scripted_policies
 
+from .capture import OpenerFor, capturing
 from .errors import EvalError
 from .swe_outputs import load_predictions
 
@@ -57,16 +58,20 @@ class Player:
         self.runner: EpisodeRunner | None = None  # the token loop
         self.external: ExternalAgentRunner | None = None  # an agent plug-in
         self.sessions: SessionOpener | None = None  # its episodes' sessions
-        self.client_args: dict[str, Any] = {}
+        self.opener_for: OpenerFor | None = None  # the capture proxy's, while serving
+        self.tokenizer: Any = None
         self.loop_cfg: LoopConfig | None = None
+        self.client_args: dict[str, Any] = {} if first is None else dict(
+            api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(), max_connections=cfg.concurrency)
         if first is not None and cfg.plugin:
             self.external = ExternalAgentRunner(env_name, find_plugin(cfg.agent), timeout_s=cfg.agent_timeout(),
                                                 step_limit=cfg.agent_steps, log_dir=cfg.output / "agents")
-            self.sessions = session_opener or PassThroughSessions(
-                AgentEndpoint(first.base_url, first.model, first.api_key or "EMPTY"))
+            self.sessions = session_opener  # None: each episode gets a session of the capture proxy (serving)
+            if session_opener is None and first.mode != "chat":
+                self.tokenizer = load_tokenizer(first)
+                if len(endpoints) == 1:
+                    self.client = OpenAICompletionClient(first.base_url, first.model, **self.client_args)
         elif first is not None:
-            self.client_args = dict(api_key=first.api_key, timeout_s=cfg.timeout_s, retry=RetryPolicy(),
-                                    max_connections=cfg.concurrency)
             self.loop_cfg = LoopConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
                                        max_tokens_per_turn=cfg.max_tokens_per_turn,
                                        max_model_len=first.max_model_len, temperature=cfg.temperature)
@@ -83,8 +88,11 @@ class Player:
         if self.predictions is not None:
             return await run_graded_patch(env, self.predictions[task_id], env_name=env_name, task_id=task_id)
         if self.external is not None:
-            assert self.sessions is not None
-            return await self.external.play(env, self.sessions, task_id=task_id, sample=sample, seed=seed)
+            sessions = self.sessions
+            if sessions is None:
+                assert self.opener_for is not None, "the capture proxy runs within serving()"
+                sessions = self.opener_for(self.routing.episode() if self.routing is not None else self.client)
+            return await self.external.play(env, sessions, task_id=task_id, sample=sample, seed=seed)
         if self.first is None:
             policies = scripted_policies(env)
             if policies is None:  # plan() checked the benchmark's environment already
@@ -113,6 +121,9 @@ class Player:
                 else:
                     watch = await stack.enter_async_context(
                         watching(self.first.server if self.first is not None else None, self.cfg.max_restarts))
+                if self.external is not None and self.sessions is None:
+                    self.opener_for = await stack.enter_async_context(
+                        capturing(self.first, self.tokenizer, client_args=self.client_args))
                 yield watch
         finally:
             if self.client is not None:

@@ -6,7 +6,7 @@ tool calls parsed by vLLM's parser, :mod:`.tool_calls`), or forwarded to a hoste
 mode, evaluation only). The sampling rule (:mod:`.sampling`) pins training's settings or passes an
 evaluation agent's through. Every call is recorded (:mod:`.calls`), and the calls assemble into the
 episode's tokens, merged where a call extends the previous one exactly and split into segments where it
-does not (:mod:`.segments`). ``sao-proxy`` runs it alone (:mod:`.cli`).
+does not (:mod:`.segments`). An external agent's episodes open their sessions through :mod:`.opener`. ``sao-proxy`` runs it alone (:mod:`.cli`).
 """
 
 import lazy_loader
@@ -15,6 +15,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "calls": ["CapturedCall"],
+        "opener": ["CaptureSessions"],
         "proxy": ["CaptureProxy"],
         "requests": ["BadChatRequest", "ChatRequest"],
         "sampling": ["AgentSampling", "PinnedSampling", "SamplingChoice", "SamplingRule"],

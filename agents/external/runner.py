@@ -174,13 +174,15 @@ def captured_from(session: CaptureSessionLike) -> Captured:
     if assembled is None:
         return Captured(n_calls, text_fields(()), {"capture": {"calls": n_calls}})
     segments = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else s for s in assembled.segments]
-    info = {"capture": {"calls": n_calls, "stats": dict(assembled.stats), "segments": segments}}
+    stats = dataclasses.asdict(assembled.stats) if dataclasses.is_dataclass(assembled.stats) else dict(assembled.stats)
+    info = {"capture": {"calls": n_calls, "stats": stats, "segments": segments}}
     return Captured(n_calls, token_fields(assembled) if assembled.token_ids else text_fields(assembled.turns), info)
 
 
 def token_fields(assembled: AssembledLike) -> dict[str, Any]:
     return {"token_ids": tuple(assembled.token_ids), "action_mask": tuple(assembled.action_mask),
-            "logprobs": tuple(assembled.logprobs), "turns": tuple(assembled.turns), "mode": "tokens"}
+            "logprobs": tuple(assembled.logprobs), "turns": tuple(assembled.turns), "mode": "tokens",
+            "segments": tuple(assembled.segments)}
 
 
 def text_fields(turns: Any) -> dict[str, Any]:

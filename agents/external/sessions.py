@@ -34,7 +34,7 @@ class AssembledLike(Protocol):
     logprobs: Sequence[float]
     turns: Sequence[TurnRecord]
     segments: Sequence[Any]
-    stats: dict[str, Any]
+    stats: Any  # a dataclass (the proxy's CaptureStats) or a mapping
 
 
 class CaptureSessionLike(Protocol):
