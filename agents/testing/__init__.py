@@ -1,5 +1,5 @@
 """Fakes for tests, kept in the package: a scripted OpenAI-compatible completion server
-(:mod:`.fake_server`)."""
+(:mod:`.fake_server`) and a stand-in for the ``docker`` command line (:mod:`.fake_docker`)."""
 
 import lazy_loader
 
