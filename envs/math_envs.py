@@ -6,9 +6,10 @@ question and one answer by default; ``feedback_turns=N`` lets the environment te
 that its answer was missing or wrong and ask again up to N times (a multi-turn variant that the
 learner can train on).
 
-``tools="python"`` offers a ``python`` tool: each call runs the code in a fresh process of a
-sandbox (``sandbox="local"``: :class:`~sao.sandboxes.LocalSandbox`, bubblewrap-isolated when
-available; ``"docker"``: a :class:`~sao.sandboxes.DockerSandbox` on the base image, no network).
+``tools="python"`` offers a ``python`` tool (:class:`~sao.envs.python_tool.PythonTool`): each call runs
+the code in a fresh process of a sandbox (``sandbox="local"``: :class:`~sao.sandboxes.LocalSandbox`,
+bubblewrap-isolated when available; ``"docker"``: a :class:`~sao.sandboxes.DockerSandbox` on the base
+image, no network).
 Its output (truncated), a non-zero exit status, a timeout, or a malformed call comes back as a
 ``tool`` message; a message without tool calls is the final answer and is graded.
 """
@@ -27,13 +28,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from sao.hints import did_you_mean
-from sao.sandboxes import BASE_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits
 
 from .capabilities import Policy
 from .core import Message, TextEnv
 from .datasets import load_rows, require_fields
 from .errors import DatasetError, TaskError
 from .grading import extract_answer, grade
+from .python_tool import PYTHON_TOOL, SANDBOXES, PythonTool
 
 BEYOND_AIME_SOURCE = "ByteDance-Seed/BeyondAIME"
 # IMO-AnswerBench has no official hub dataset; upstream publishes the CSV in its repository.
@@ -41,18 +42,7 @@ IMO_ANSWERBENCH_SOURCE = (
     "https://raw.githubusercontent.com/google-deepmind/superhuman/main/imobench/answerbench_v2.csv"
 )
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-PYTHON_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "python",
-        "description": "Run a Python 3 program and return what it prints (stdout and stderr). Nothing persists "
-                       "between calls: print every result you need.",
-        "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-                       "required": ["code"]},
-    },
-}
 TOOLS = {"python": PYTHON_TOOL}
-SANDBOXES = ("local", "docker")
 
 
 @dataclass(frozen=True)
@@ -155,10 +145,7 @@ class MathEnv(TextEnv):
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
         self.tools = (TOOLS[tools],) if tools else ()
-        self.sandbox_kind = sandbox
-        self.tool_limits = SandboxLimits(cpus=1.0, memory_mb=1024, pids=64, network=False,
-                                         output_limit_bytes=tool_output_chars, default_timeout_s=tool_timeout_s)
-        self._sandbox: Sandbox | None = None
+        self.python_tool = PythonTool(sandbox, timeout_s=tool_timeout_s, output_chars=tool_output_chars)
         self.tasks = tasks
         self.endless = bool(getattr(tasks, "endless", False))
         self.integer_answers = integer_answers
@@ -227,21 +214,10 @@ class MathEnv(TextEnv):
             code = None
         if not isinstance(code, str) or not code.strip():
             return 'Error: the python tool needs {"code": "<program>"}'
-        if self._sandbox is None:
-            self._sandbox = (DockerSandbox(BASE_IMAGE, limits=self.tool_limits) if self.sandbox_kind == "docker"
-                             else LocalSandbox(self.tool_limits))
-        path = "/tmp/main.py" if self.sandbox_kind == "docker" else "main.py"  # LocalSandbox: relative to its root
-        self._sandbox.write_file(path, code)
-        result = self._sandbox.run(f"python3 {path}")  # a timeout is reported inside the output
-        text = result.output
-        if result.exit_code != 0 and not result.timed_out:
-            text += f"\n[exit status {result.exit_code}]"
-        return text if text.strip() else "[no output]"
+        return self.python_tool.run(code)
 
     def _close_sandbox(self) -> None:
-        if self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            sandbox.close()
+        self.python_tool.close()
 
     def close(self) -> None:
         self._close_sandbox()

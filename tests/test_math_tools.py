@@ -114,5 +114,5 @@ def test_python_tool_in_docker(docker_client):
     obs, *_ = env.step(act(call("import os; print(sorted(os.listdir('/sys/class/net')), 6*7)")))
     assert obs[0]["content"].strip() == "['lo'] 42"
     env.step("\\boxed{1}")  # the episode's end closes the container
-    assert env.unwrapped._sandbox is None
+    assert not env.unwrapped.python_tool.started
     env.close()
