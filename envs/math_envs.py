@@ -166,7 +166,10 @@ class MathEnv(TextEnv):
             messages.append({"role": "system", "content": self.system_prompt})
         content = f"{self.task.problem}\n\n{self.instruction}" if self.instruction else self.task.problem
         messages.append({"role": "user", "content": content})
-        return messages, {"task_id": self.task.task_id, "family": self.task.family}
+        info = {"task_id": self.task.task_id, "family": self.task.family}
+        if self.tools:  # where the tool's code runs: an external agent's own python tool runs it there too
+            info["tool_sandbox"] = self.python_tool.sandbox_kind
+        return messages, info
 
     def _respond(self, action: Message):
         assert self.task is not None

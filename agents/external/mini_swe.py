@@ -31,6 +31,8 @@ What the adapter sets, and why:
 
 The issue text is ``task.extra["problem_statement"]`` when the environment gives it (the SWE
 environments' prompt names their own tools, which mini-swe-agent does not have), else ``task.prompt``.
+Before the agent starts, ``task.extra["setup_command"]`` (when given) runs in its container: the SWE
+environments prepare the repository as in their own episodes, the commits after the base hidden.
 mini-swe-agent's Python API is synchronous; the runner's subprocess timeout is what bounds a hung call.
 """
 
@@ -82,6 +84,7 @@ def solve(task: AgentTask, endpoint: AgentEndpoint, *, docker: str = "docker") -
     config = agent_config(task, endpoint, docker=docker)
     env = get_environment(config["environment"])
     try:
+        prepare(env, task)
         agent = DefaultAgent(get_model(config=config["model"]), env, **config["agent"])
         info = agent.run(problem_statement(task))
     finally:
@@ -118,6 +121,18 @@ def agent_config(task: AgentTask, endpoint: AgentEndpoint, *, docker: str = "doc
         },
     }
     return recursive_merge(base, ours)
+
+
+def prepare(env: Any, task: AgentTask) -> None:
+    """Run the environment's ``setup_command`` in the agent's container before the agent starts (the SWE
+    environments' brief: the repository prepared as in their own episodes, later commits hidden)."""
+    command = task.extra.get("setup_command")
+    if not command:
+        return
+    done = env.execute({"command": command}, timeout=600)
+    if done.get("returncode") != 0:
+        raise RuntimeError(f"preparing the repository in the agent's container failed (exit {done.get('returncode')}): "
+                           f"{str(done.get('output', ''))[-800:]}")
 
 
 def problem_statement(task: AgentTask) -> str:

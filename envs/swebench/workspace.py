@@ -108,10 +108,15 @@ def shell(command: str) -> str:
     return f"bash -c {shlex.quote(_SHELL_PRELUDE + command)}"
 
 
+def prepare_command(base_commit: str, *, hide_history: bool) -> str:
+    """The shell command that prepares the repository at /testbed: with ``hide_history``, every route to
+    the commits after ``base_commit`` removed (and verified); it prints ``baseline=SHA``."""
+    return f"sh -c {shlex.quote(_PREPARE)} prepare {shlex.quote(base_commit)} {'hide' if hide_history else 'keep'}"
+
+
 def prepare_workspace(sb: DockerSandbox, base_commit: str, *, hide_history: bool) -> str:
     """Hide the history after ``base_commit`` (and verify); return the baseline to diff against."""
-    result = sb.run(f"sh -c {shlex.quote(_PREPARE)} prepare {shlex.quote(base_commit)} "
-                    f"{'hide' if hide_history else 'keep'}", timeout_s=600)
+    result = sb.run(prepare_command(base_commit, hide_history=hide_history), timeout_s=600)
     baseline = next((ln.split("=", 1)[1] for ln in result.output.splitlines() if ln.startswith("baseline=")), "")
     if result.exit_code != 0 or not baseline:
         raise WorkspaceError(f"cannot prepare the repository in {sb.name} (exit {result.exit_code}): "
