@@ -57,8 +57,9 @@ def docker_cli(tmp_path):
 def test_config_is_its_swebench_config_with_the_task_and_endpoint_merged_in():
     config = mini_swe.agent_config(swe_task(step_limit=7, timeout_s=600), AgentEndpoint("http://h:1/s/x/v1", "pol", "k"))
     env, model, agent = config["environment"], config["model"], config["agent"]
-    assert env["run_args"] == ["--rm", "--network", "none", "--cpus", "1.5", "--memory", "768m", "--pids-limit",
-                               "128", "--label", "io.sao.episode=e1", "--label", "io.sao.sandbox=pytest-mini"]
+    assert env["run_args"] == ["--rm", "--network", "none", "--cpus", "1.5", "--memory", "768m", "--memory-swap", "768m",
+                               "--pids-limit", "128", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--init",
+                               "--label", "io.sao.episode=e1", "--label", "io.sao.sandbox=pytest-mini"]
     assert (env["image"], env["cwd"], env["container_timeout"]) == ("img:1", "/testbed", "660s")
     assert model["model_name"] == "openai/pol" and model["cost_tracking"] == "ignore_errors"
     # the endpoint's values merged into its own model_kwargs, which are kept
