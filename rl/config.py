@@ -265,6 +265,10 @@ class EngineConfig:
     base_url: str | None = None
     served_name: str | None = None  # the name in requests; None: model.name
     max_model_len: int = 2048
+    # managed CPU engines' scheduling priority (0-19): on a small machine an engine decoding beside the learner
+    # takes its fair share of the cores from the update (2 cores, 2 replicas: the update ran 2-3x slower);
+    # a positive nice leaves the learner the CPU while it computes
+    nice: int = 0
     kv_cache_gib: int = 2  # CPU KV cache
     startup_timeout_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
@@ -502,6 +506,15 @@ class ClusterConfig:
 
 
 @dataclass
+class AgentRunConfig:
+    """How an agent plug-in's episodes run (``agent=NAME``, sao.agents.external.training): each in its own
+    subprocess for at most ``timeout_s``, asked to make at most ``steps`` model calls (None: its own limit)."""
+
+    timeout_s: float = 600.0
+    steps: int | None = None
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 16  # policy steps, each followed by a weight sync
     output_dir: str | None = None  # None: Hydra's run folder
@@ -524,6 +537,10 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # online learning: the task distribution
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out accuracy before, during and after
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local | ray (scale-out)
+    # who plays the episodes: llm (the project's agent loop) or an agent plug-in of the sao.agents entry points
+    # (an unchanged external agent behind the capture proxy, sao.agents.external.training)
+    agent: str = "llm"
+    agent_run: AgentRunConfig = field(default_factory=AgentRunConfig)
 
 
 def engine_urls(base_url: str | None) -> list[str]:
@@ -631,6 +648,28 @@ def validate(cfg: TrainConfig) -> None:
                           f"got {cfg.model.activation_checkpointing!r}")
     validate_lora(cfg.model.lora)
     validate_cluster(cfg)
+    validate_agent(cfg)
+
+
+def validate_agent(cfg: TrainConfig) -> None:
+    """``agent``: the project's loop (``llm``) or an installed agent plug-in; the scripted agents have no
+    model to train."""
+    if cfg.agent == "llm":
+        return
+    if cfg.agent in ("gold", "empty"):
+        raise ConfigError(f"agent={cfg.agent} is a scripted agent of sao-eval: it samples nothing to train on; "
+                          "use agent=llm or an agent plug-in (sao.agents entry points)")
+    from sao.agents.external.registry import find
+
+    try:
+        find(cfg.agent)
+    except Exception as exc:  # noqa: BLE001 - the registry's own message says what is installed
+        raise ConfigError(f"agent={cfg.agent}: {exc}") from exc
+    if cfg.rollout.top_p != 1.0:
+        raise ConfigError(f"agent={cfg.agent} samples through the capture proxy with top_p 1 (pinned, as the learner "
+                          f"assumes); rollout.top_p={cfg.rollout.top_p} is not supported with an agent plug-in")
+    if not cfg.agent_run.timeout_s > 0 or (cfg.agent_run.steps is not None and cfg.agent_run.steps < 1):
+        raise ConfigError("agent_run.timeout_s must be > 0 and agent_run.steps >= 1 (null: the agent's own limit)")
 
 
 def validate_cluster(cfg: TrainConfig) -> None:

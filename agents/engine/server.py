@@ -90,6 +90,9 @@ class VLLMServerConfig:
     stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
     log_path: Path | None = None  # None: server.log in a fresh temporary directory
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the server
+    # scheduling priority (nice 0-19): on a CPU machine an engine that decodes beside the learner takes a
+    # fair share of the cores from its update; a positive nice leaves the learner the CPU when it computes
+    nice: int = 0
 
     def __post_init__(self) -> None:
         gib = self.kv_cache_gib
@@ -98,11 +101,14 @@ class VLLMServerConfig:
         object.__setattr__(self, "kv_cache_gib", int(gib))  # 1.0 -> 1: vLLM parses the variable with int()
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535 (0: pick a free one), not {self.port}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice is a scheduling priority in 0..19 (0: as the caller), not {self.nice}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive or None (the model's), not {self.max_model_len}")
 
     def command(self, port: int) -> list[str]:
         cmd = [
+            *(["nice", "-n", str(self.nice)] if self.nice else []),
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),
             "--served-model-name", self.served_model_name,

@@ -41,6 +41,7 @@ from sao.rl.learner import (
 )
 from sao.rl.prompts import ScheduledTaskStream
 from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
+from sao.rl.training.agent_players import AgentPlayers, agent_players
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
 from sao.rl.training.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
@@ -90,7 +91,7 @@ def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Pat
         kv_cache_gib=cfg.engine.kv_cache_gib, dtype=cfg.model.engine_dtype,
         extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
         token_route=cfg.engine.token_route, startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path,
-        env=env or {})
+        env=env or {}, nice=cfg.engine.nice)
 
 
 @contextlib.contextmanager
@@ -162,9 +163,11 @@ def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return dict(cfg.env.kwargs)
 
 
-def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any, run_dir: Path) -> HeldOutEval | None:
+def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any, run_dir: Path,
+                 agents: AgentPlayers | None = None) -> HeldOutEval | None:
     """The held-out evaluation of ``cfg.eval`` on the env's held-out split; None when it is off or the
-    env has none (``env.heldout_kwargs`` unset: say so, since the run then shows no held-out figure)."""
+    env has none (``env.heldout_kwargs`` unset: say so, since the run then shows no held-out figure).
+    With an agent plug-in (``agents``), the agent plays the held-out episodes too."""
     if not cfg.eval.enabled:
         return None
     if cfg.env.heldout_kwargs is None:
@@ -178,9 +181,11 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=e.max_tokens or cfg.env.max_tokens,
                       max_tokens_per_turn=cfg.env.max_tokens_per_turn, max_model_len=cfg.engine.max_model_len,
                       temperature=e.temperature, top_p=1.0)
-    return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name,
-                       env_kwargs={**env_kwargs(cfg), **cfg.env.heldout_kwargs}, loop=loop, problems=e.problems,
-                       concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval)
+    kwargs = {**env_kwargs(cfg), **cfg.env.heldout_kwargs}
+    runner = None if agents is None else agents.episodes(env_name, temperature=e.temperature, env_kwargs=kwargs)
+    return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name, env_kwargs=kwargs, loop=loop,
+                       problems=e.problems, concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval,
+                       runner=runner)
 
 
 def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_parallel: Any = None,
@@ -280,7 +285,10 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                     stack.push_async_callback(client.aclose)
                     clients.append(client)
             dtype = getattr(torch, cfg.model.engine_dtype)
-            source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, env_name, loop, renderer_for)
+            agents = await stack.enter_async_context(agent_players(cfg, tokenizer, renderer_for, served, run_dir))
+            runner = (EpisodeRunner(env_name, renderer_for, loop, env_kwargs(cfg)) if agents is None else
+                      agents.episodes(env_name, temperature=loop.temperature, env_kwargs=env_kwargs(cfg)))
+            source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, runner)
             sync: Any
             if cfg.rollout.mode == "sync":  # the learner pushes each version into the one engine, and probes it
                 # (2 versions at least: an engine restarted mid-push first reloads the one before, sao.rl.weights.replica_sync)
@@ -293,7 +301,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                                        offload=thread.run)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, tasks=tasks,
-                              heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir),
+                              heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir, agents),
                               thread=thread, engine_metrics=StepEngineMetrics(
                                   EngineMeter(controls), speculative=cfg.engine.speculative_config().enabled))
             return await trainer.run()
@@ -330,9 +338,9 @@ def _wrap_lora(cfg: TrainConfig, policy: Any, value: ValueModel | None) -> tuple
 
 
 def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Any], clients: list[Any], controls: list[Any],
-                  tasks: Any, env_name: str, loop: LoopConfig, renderer_for: Any) -> OrchestratedRollout:
-    """Every rollout mode: the mode's scheduler over the replicas (``sync``: one)."""
-    runner = EpisodeRunner(env_name, renderer_for, loop, env_kwargs(cfg))
+                  tasks: Any, runner: Any) -> OrchestratedRollout:
+    """Every rollout mode: the mode's scheduler over the replicas (``sync``: one); ``runner`` plays an
+    episode on a replica's client (the project's loop, or an agent plug-in's :mod:`.agent_players`)."""
     # env.max_concurrent bounds the episodes of every replica together (a coding episode holds a container)
     slots = asyncio.Semaphore(cfg.env.max_concurrent) if cfg.env.max_concurrent else contextlib.nullcontext()
 

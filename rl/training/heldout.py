@@ -126,8 +126,9 @@ class HeldOutEval:
 
     def __init__(self, *, client: CompletionClient, renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
                  env_name: str, env_kwargs: dict[str, Any], loop: LoopConfig, problems: int, concurrency: int,
-                 path: Path):
-        self.client, self.runner = client, EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
+                 path: Path, runner: Any = None):
+        # runner: who plays an episode on the client (None: the project's loop; an agent plug-in's player)
+        self.client, self.runner = client, runner or EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
         self.concurrency, self.path = concurrency, Path(path)
         self.task_ids = distinct_tasks(env_name, env_kwargs, problems)
         if not self.task_ids:
