@@ -472,8 +472,7 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float, latest: Lates
         "seed": cfg.seed,
         "data": cfg.data,
     }
-    # with an agent plug-in, its calls through the capture proxy (absent, not zeros, without one)
-    return summary | exits_summary(cfg, done) | capture_summary(cfg.plugin, done), results
+    return summary | exits_summary(cfg, done) | capture_summary(cfg.plugin, done), results  # capture: plug-ins only
 
 
 # The flag that raises each limit an episode can be cut by (sao.agents.loop.exits.LIMITS)
