@@ -6,7 +6,8 @@ On a token endpoint (vLLM) a call is rendered with the project's chat template, 
 token ids and its tool calls parsed with vLLM's parser (:class:`~sao.agents.capture.TokenUpstream`): the
 record holds the exact tokens. On a chat endpoint (a hosted API, ``--endpoint-mode chat``) the call is
 forwarded (:class:`~sao.agents.capture.TextUpstream`): a text record. The agent's own sampling settings
-pass through (:class:`~sao.agents.capture.AgentSampling`); training pins them instead.
+pass through (:class:`~sao.agents.capture.AgentSampling`; ``--max-tokens-per-turn`` bounds an answer only when
+the agent sets no ``max_tokens``); training pins them instead.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ per-episode client behind a router), or through the endpoint's chat client (text
 
 @contextlib.asynccontextmanager
 async def capturing(endpoint: Endpoint, tokenizer: Any | None, *, tool_parser: str = "hermes",
-                    client_args: dict[str, Any] | None = None) -> AsyncIterator[OpenerFor]:
-    """A running proxy for the block, as an :data:`OpenerFor`; ``tokenizer`` None: text mode."""
-    rule = AgentSampling()
+                    client_args: dict[str, Any] | None = None, max_tokens: int | None = None) -> AsyncIterator[OpenerFor]:
+    """A running proxy for the block, as an :data:`OpenerFor`; ``tokenizer`` None: text mode. ``max_tokens``
+    (``--max-tokens-per-turn``) bounds a call whose agent sends no ``max_tokens`` (None: the context does)."""
+    rule = AgentSampling(max_tokens=max_tokens)
     async with CaptureProxy() as proxy:
         if tokenizer is None:
             chat = OpenAIChatClient(endpoint.base_url, endpoint.model, **(client_args or {}))
@@ -39,4 +41,9 @@ async def capturing(endpoint: Endpoint, tokenizer: Any | None, *, tool_parser: s
                 await chat.aclose()
             return
         renderers, parser = Renderers(tokenizer), default_tool_parser(tokenizer, tool_parser)
-        yield lambda client: CaptureSessions(proxy, TokenUpstream(client, renderers, parser, endpoint.model), rule)
+
+        def opener(client: Any) -> CaptureSessions:  # a call without max_tokens gets what the context leaves
+            upstream = TokenUpstream(client, renderers, parser, endpoint.model, max_model_len=endpoint.max_model_len)
+            return CaptureSessions(proxy, upstream, rule)
+
+        yield opener

@@ -22,6 +22,7 @@ from sao.agents.interrupts import interrupt_exit_code, interrupt_name, sigterm_a
 from sao.envs import EnvError, entries
 from sao.envs.cli import env_args
 
+from .capture_counts import capture_rows
 from .live import Board, BoardProgress
 from .runner import EvalConfig, EvalError, cut_warning, evaluate, prepare_images
 from .selection import parse_instance_ids, parse_slice
@@ -122,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-ins have none: only the context bounds the episode)")
     p.add_argument("--max-tokens-per-turn", type=int,
                    help="generated tokens per model call at most (default: the benchmark's; the built-ins have "
-                        "none: whatever the budget and the context leave)")
+                        "none: whatever the budget and the context leave); for an agent plug-in, the bound of a "
+                        "call that sets no max_tokens of its own")
     p.add_argument("--max-turns", type=int,
                    help="model calls per episode (default: the benchmark's: 300 for swe-bench-*, 50 for the math "
                         "benchmarks as in the paper; table below)")
@@ -444,6 +446,8 @@ def _print_summary(summary: dict[str, Any], output: Path) -> None:
         table.add_row(key, str(summary[key]))
     if "agent_errors" in summary:  # a summary written before agent plug-ins has none
         table.add_row("agent_errors", str(summary["agent_errors"]))
+    for key, value in capture_rows(summary):  # an agent plug-in's calls through the capture proxy
+        table.add_row(key, value)
     if "exit_status" in summary:
         table.add_row("exit_status", ", ".join(f"{k} {v}" for k, v in summary["exit_status"].items()) or "-")
         table.add_row("autosubmit", str(summary["autosubmit"]).lower())

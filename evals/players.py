@@ -123,7 +123,8 @@ class Player:
                         watching(self.first.server if self.first is not None else None, self.cfg.max_restarts))
                 if self.external is not None and self.sessions is None:
                     self.opener_for = await stack.enter_async_context(
-                        capturing(self.first, self.tokenizer, client_args=self.client_args))
+                        capturing(self.first, self.tokenizer, client_args=self.client_args,
+                                  max_tokens=self.cfg.max_tokens_per_turn))
                 yield watch
         finally:
             if self.client is not None:

@@ -6,7 +6,9 @@ Outputs in ``output/``:
 * ``summary.json``: pass@1, unbiased pass@k, fallback-graded tasks, tokens, wall time, the mode, the
   episodes per ``exit_status`` (:mod:`sao.agents.loop.exits`; more than 5% cut by a limit: a warning,
   :func:`cut_warning`), ``autosubmit``, the budgets the episodes got (``budgets``: the benchmark's,
-  :mod:`sao.envs.budgets`, unless a flag set one) and the model's context window (``max_model_len``), ...
+  :mod:`sao.envs.budgets`, unless a flag set one) and the model's context window (``max_model_len``); with
+  an agent plug-in, the capture proxy's counts over its episodes (``capture``: calls, merged, split and
+  why, pinned and failed calls; :mod:`.capture_counts`), ...
 * ``run.json``: the configuration and the selection of tasks (:mod:`.selection`), checked on ``--resume``,
   and the budgets;
 * ``vllm.log`` when a local engine was started;
@@ -65,6 +67,7 @@ from sao.envs.checker import check_episode
 from sao.envs.registry import BUILTINS
 
 from .engines import ENGINE_KEYS, measured, open_engines
+from .capture_counts import capture_summary
 from .errors import EvalError
 from .live import Board, watched
 from .metrics import mean_pass_at_k
@@ -469,7 +472,7 @@ def summarize(cfg: EvalConfig, task_ids: list[str], wall_s: float, latest: Lates
         "seed": cfg.seed,
         "data": cfg.data,
     }
-    return summary | exits_summary(cfg, done), results
+    return summary | exits_summary(cfg, done) | capture_summary(cfg.plugin, done), results  # capture: plug-ins only
 
 
 # The flag that raises each limit an episode can be cut by (sao.agents.loop.exits.LIMITS)

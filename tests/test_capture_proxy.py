@@ -31,9 +31,9 @@ CALL_TEXT = 'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b":
 TRAIN = PinnedSampling(temperature=1.0, max_tokens=400)
 
 
-def token_upstream(fake: FakeServer) -> TokenUpstream:
+def token_upstream(fake: FakeServer, max_model_len: int | None = None) -> TokenUpstream:
     return TokenUpstream(GenerateClient(generate_base_url(fake.root_url), "fake", retry=FAST),
-                         Renderers(ByteTokenizer()), ProjectToolParser(), "fake")
+                         Renderers(ByteTokenizer()), ProjectToolParser(), "fake", max_model_len=max_model_len)
 
 
 def serve(fake: FakeServer, agent: Callable[[Any], Any], rule: SamplingRule = TRAIN,
@@ -136,6 +136,25 @@ def test_evaluation_passes_the_agents_settings_through():
     sent = fake.requests[0]["sampling_params"]
     assert {k: sent[k] for k in (*AGENT_ASKS, *AGENT_EXTRA)} == {**AGENT_ASKS, **AGENT_EXTRA}
     assert session.calls[0].pinned == ()
+
+
+def test_a_call_without_max_tokens_gets_what_the_context_leaves_and_a_prompt_over_it_is_a_400():
+    """A completions or token route left without max_tokens answers 16 tokens (vLLM's default); a chat
+    route, which agents expect, fills what the context leaves: so does the proxy."""
+
+    def agent(session: Any) -> None:
+        client, hi = sdk(session), [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model=session.model, messages=hi)
+        client.chat.completions.create(model=session.model, messages=hi, max_tokens=7)  # its own, kept
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 300 tokens; the prompt is"):
+            client.chat.completions.create(model=session.model, messages=[{"role": "user", "content": "x" * 400}])
+
+    with FakeServer([Reply(text="hello"), Reply(text="hi")]) as fake:
+        _, session = serve(fake, agent, rule=AgentSampling(), upstream=token_upstream(fake, max_model_len=300))
+    first = fake.requests[0]
+    assert first["sampling_params"]["max_tokens"] == 300 - len(first["token_ids"]) > 200  # a ByteTokenizer's prompt
+    assert fake.requests[1]["sampling_params"]["max_tokens"] == 7 and len(fake.requests) == 2  # the third never left
+    assert [c.served for c in session.calls] == [True, True, False]
 
 
 def test_a_run_temperature_of_zero_is_pinned_too():

@@ -40,6 +40,9 @@ def test_a_plugin_agent_plays_through_the_openai_sdk_and_is_graded(tmp_path: Pat
     assert code == 0 and summary["agent"] == "asker" and summary["model"] == "fake"
     assert summary["pass@1"] == 1.0 and summary["n_failed"] == 0 and summary["agent_errors"] == 0
     assert summary["exit_status"] == {"agent_returned": 3} and summary["mode"] == "text"
+    # one call each through its session of the capture proxy (text mode: nothing to merge or split)
+    assert summary["capture"] == {"episodes": 3, "uncaptured": 0, "calls": 3, "merged": 0, "split": 0,
+                                  "split_reasons": {}, "pinned_calls": 0, "failed_calls": 0}
     chats = [r for r in server.requests if "messages" in r]
     assert len(chats) == 3 and all(r["model"] == "fake" and r["temperature"] == 0.0 for r in chats)
     assert len({r["seed"] for r in chats}) == 3  # each episode's own seed reached the agent

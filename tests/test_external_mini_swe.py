@@ -91,6 +91,30 @@ def test_it_fixes_submits_and_its_container_carries_the_rules_and_is_removed(doc
     assert calls[-1] == ["rm", "-f", container]  # removed at once, not by its background `docker stop`
 
 
+def test_the_setup_command_runs_in_its_container_before_the_first_call(docker_cli, tmp_path, capsys):
+    task = swe_task(extra={"problem_statement": "`add` subtracts", "setup_command": "git tag -f prepared"})
+    with FakeServer(replies(SUBMIT), chat_only=True) as server:
+        result = mini_swe.solve(task, AgentEndpoint(server.base_url, "policy"), docker=str(docker_cli))
+    calls = fake_docker.calls(tmp_path)
+    assert calls[1][0] == "exec" and calls[1][-1] == "git tag -f prepared"  # before the agent's own commands
+    assert calls[2][-1] == SUBMIT and result.info["setup_command_ran"] is True
+    tags = subprocess.run(["git", "tag"], cwd=tmp_path / "root" / "testbed", capture_output=True, text=True).stdout
+    assert tags.split() == ["prepared"]
+    assert "setup_command ran in the agent's container (exit 0)" in capsys.readouterr().out
+    without = swe_task(extra={"problem_statement": "x"})
+    with FakeServer(replies(SUBMIT), chat_only=True) as server:
+        assert mini_swe.solve(without, AgentEndpoint(server.base_url, "policy"),
+                              docker=str(docker_cli)).info["setup_command_ran"] is False
+
+
+def test_a_failing_setup_command_raises_before_any_model_call(docker_cli, tmp_path):
+    task = swe_task(extra={"setup_command": "exit 3"})
+    with FakeServer(replies(SUBMIT), chat_only=True) as server:
+        with pytest.raises(RuntimeError, match=r"preparing the repository in the agent's container failed \(exit 3\)"):
+            mini_swe.solve(task, AgentEndpoint(server.base_url, "policy"), docker=str(docker_cli))
+    assert not server.requests and fake_docker.calls(tmp_path)[-1][:2] == ["rm", "-f"]
+
+
 def test_the_step_limit_ends_the_run_without_a_patch(docker_cli, tmp_path):
     script = [Reply(text="no tool call: a format error, which counts as a step"), *replies("true", "true", SUBMIT)]
     with FakeServer(script, chat_only=True) as server:

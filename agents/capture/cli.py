@@ -72,7 +72,8 @@ def upstream_for(route: str, endpoint: Endpoint, tool_parser: str) -> Upstream:
     root = endpoint.base_url.removesuffix("/v1")
     client = (GenerateClient(generate_base_url(root), endpoint.model, api_key=endpoint.api_key) if route == "generate"
               else OpenAICompletionClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key))
-    return TokenUpstream(client, Renderers(tokenizer), default_tool_parser(tokenizer, tool_parser), endpoint.model)
+    return TokenUpstream(client, Renderers(tokenizer), default_tool_parser(tokenizer, tool_parser), endpoint.model,
+                         max_model_len=endpoint.max_model_len)
 
 
 async def serve(upstream: Upstream, rule: SamplingRule, sessions: int, port: int) -> None:

@@ -6,7 +6,8 @@
   builds the prompt ids without re-tokenizing earlier answers (:mod:`.prompts`), samples with a
   :class:`~sao.agents.clients.CompletionClient` (the token route gives per-token policy versions; in
   training the rollout passes its per-episode versioned client), and parses tool calls out of the text
-  with vLLM's parser (:mod:`.tool_calls`).
+  with vLLM's parser (:mod:`.tool_calls`). A call that sets no ``max_tokens`` gets what the context
+  (``max_model_len``) leaves after its prompt, as on a chat route; a completions route would stop it at 16.
 * :class:`TextUpstream` (evaluation only): a hosted chat endpoint that returns no token ids; the call
   goes to its ``/chat/completions`` as sent (:class:`~sao.agents.clients.chat.OpenAIChatClient`) and is
   recorded as text.
@@ -18,13 +19,14 @@ s, which the proxy answers as HTTP errors and records as failed calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from sao.envs import Message
 
 from ..clients.chat import ChatClient
 from ..clients.completions import CompletionClient, SamplingParams
+from ..errors import ContextOverflowError
 from ..loop.episodes import RendererFor
 from ..records import ChatCompletion, Completion
 from .calls import CapturedCall
@@ -65,17 +67,19 @@ class TokenUpstream:
 
     captures_tokens: ClassVar[bool] = True
 
-    def __init__(self, client: CompletionClient, renderers: RendererFor, tool_parser: ToolCallParser, model: str):
+    def __init__(self, client: CompletionClient, renderers: RendererFor, tool_parser: ToolCallParser, model: str,
+                 *, max_model_len: int | None = None):
         self.client = client
         self.renderers = renderers
         self.tool_parser = tool_parser
         self.model = model
+        self.max_model_len = max_model_len
 
     async def answer(self, request: ChatRequest, params: SamplingParams,
                      earlier: Sequence[CapturedCall]) -> UpstreamAnswer:
         renderer = self.renderers(request.tools)
         prompt = prompt_ids(renderer, request, earlier)
-        completion = await self.client.complete(prompt, params)
+        completion = await self.client.complete(prompt, self.bounded(params, len(prompt)))
         parsed = (self.tool_parser.parse(completion.text, request.tools) if request.calls_tools
                   else ParsedReply(completion.text))
         finish = completion.finish_reason
@@ -86,6 +90,19 @@ class TokenUpstream:
             reply["tool_calls"] = list(parsed.tool_calls)
         return UpstreamAnswer(reply, finish, len(prompt), len(completion.token_ids), prompt_ids=tuple(prompt),
                               completion=completion)
+
+    def bounded(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """``params`` with a ``max_tokens``: the call's own, else what the context leaves after the prompt, as a
+        chat route fills it (a completions route left without one answers 16 tokens, vLLM's default);
+        :class:`~sao.agents.errors.ContextOverflowError` when the prompt leaves no room. Without a known
+        ``max_model_len``, unchanged."""
+        if params.max_tokens is not None or self.max_model_len is None:
+            return params
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise ContextOverflowError(f"This model's maximum context length is {self.max_model_len} tokens; the "
+                                       f"prompt is {prompt_len} tokens, which leaves no room for an answer")
+        return replace(params, max_tokens=room)
 
 
 class TextUpstream:

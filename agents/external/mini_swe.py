@@ -32,7 +32,8 @@ What the adapter sets, and why:
 The issue text is ``task.extra["problem_statement"]`` when the environment gives it (the SWE
 environments' prompt names their own tools, which mini-swe-agent does not have), else ``task.prompt``.
 Before the agent starts, ``task.extra["setup_command"]`` (when given) runs in its container: the SWE
-environments prepare the repository as in their own episodes, the commits after the base hidden.
+environments prepare the repository as in their own episodes, the commits after the base hidden (a line
+in the episode's ``agent.log`` and ``setup_command_ran`` in the result's info say it did).
 mini-swe-agent's Python API is synchronous; the runner's subprocess timeout is what bounds a hung call.
 """
 
@@ -84,14 +85,15 @@ def solve(task: AgentTask, endpoint: AgentEndpoint, *, docker: str = "docker") -
     config = agent_config(task, endpoint, docker=docker)
     env = get_environment(config["environment"])
     try:
-        prepare(env, task)
+        prepared = prepare(env, task)
         agent = DefaultAgent(get_model(config=config["model"]), env, **config["agent"])
         info = agent.run(problem_statement(task))
     finally:
         removed = remove_container(env)
     return AgentResult(patch=info.get("submission") or "", steps=agent.n_calls,
                        info={"exit_status": info.get("exit_status"), "agent": NAME,
-                             "agent_version": minisweagent.__version__, "container_removed": removed})
+                             "agent_version": minisweagent.__version__, "container_removed": removed,
+                             "setup_command_ran": prepared})
 
 
 def agent_config(task: AgentTask, endpoint: AgentEndpoint, *, docker: str = "docker") -> dict[str, Any]:
@@ -123,16 +125,19 @@ def agent_config(task: AgentTask, endpoint: AgentEndpoint, *, docker: str = "doc
     return recursive_merge(base, ours)
 
 
-def prepare(env: Any, task: AgentTask) -> None:
+def prepare(env: Any, task: AgentTask) -> bool:
     """Run the environment's ``setup_command`` in the agent's container before the agent starts (the SWE
-    environments' brief: the repository prepared as in their own episodes, later commits hidden)."""
+    environments' brief: the repository prepared as in their own episodes, later commits hidden); whether
+    there was one. A line on stdout (the episode's ``agent.log``) says that it ran."""
     command = task.extra.get("setup_command")
     if not command:
-        return
+        return False
     done = env.execute({"command": command}, timeout=600)
     if done.get("returncode") != 0:
         raise RuntimeError(f"preparing the repository in the agent's container failed (exit {done.get('returncode')}): "
                            f"{str(done.get('output', ''))[-800:]}")
+    print(f"{NAME}: the task's setup_command ran in the agent's container (exit 0)", flush=True)
+    return True
 
 
 def problem_statement(task: AgentTask) -> str:
