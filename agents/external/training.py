@@ -38,11 +38,12 @@ class CapturedAgentEpisodes:
     model: str
     rule: PinnedSampling
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int | None = None  # the engine's context: a call's answer may use what its prompt leaves
 
     async def __call__(self, client: CompletionClient, *, task_id: str, sample: int = 0,
                        seed: int | None = None) -> Trajectory:
         started = time.monotonic()
-        upstream = TokenUpstream(client, self.renderer_for, self.tool_parser, self.model)
+        upstream = TokenUpstream(client, self.renderer_for, self.tool_parser, self.model, max_model_len=self.max_model_len)
         sessions = CaptureSessions(self.proxy, upstream, self.rule)
         try:
             async with opened(self.runner.env_name, self.env_kwargs) as env:

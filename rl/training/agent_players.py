@@ -5,7 +5,7 @@ take the place of the project's own loop (:class:`~sao.agents.loop.episodes.Epis
 Every call of the agent is rendered with the run's chat template and tokenizer and sampled through the
 rollout driver's per-episode client, at the run's temperature with top_p 1, top_k -1 and no penalties
 (pinned, whatever the agent asks); one call's answer is bounded by ``env.max_tokens_per_turn`` (else
-``env.max_tokens``). Each episode's job, result and agent log are kept under ``RUN/agents/``.
+``env.max_tokens``, else what the engine's context leaves after the prompt). Each episode's job, result and agent log are kept under ``RUN/agents/``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class AgentPlayers:
                                      step_limit=cfg.agent_run.steps, require_calls=True, log_dir=self.log_dir)
         rule = PinnedSampling(temperature=temperature, max_tokens=cfg.env.max_tokens_per_turn or cfg.env.max_tokens)
         return CapturedAgentEpisodes(runner, self.proxy, self.renderer_for, self.tool_parser, self.model, rule,
-                                     env_kwargs)
+                                     env_kwargs, max_model_len=cfg.engine.max_model_len)
 
 
 @contextlib.asynccontextmanager
