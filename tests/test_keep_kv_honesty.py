@@ -116,7 +116,9 @@ def test_refused_resets_under_keep_kv_are_retried_flagged_warned_and_counted(tmp
     assert all("rollout/old_kv_turns" in r for r in rows)
     turns = [turn for t in map(json.loads, (tmp_path / "trajectories.jsonl").read_text().splitlines())
              for turn in t["turns"]]
-    # a turn a load landed in (two versions in its span) ran on over its own old-weights blocks: flagged
-    split = [turn for turn in turns if turn["policy_versions"]["first"] != turn["policy_versions"]["last"]]
+    # a turn that the refused load (version 1) landed in ran on over its own old-weights blocks: flagged. (Only
+    # that load: this fake engine lets the other loads' resets through even with requests in flight, which vLLM
+    # refuses; on a busy machine a turn can span one of those, and the rule rightly leaves it unflagged.)
+    split = [turn for turn in turns if turn["policy_versions"]["first"] < 1 <= turn["policy_versions"]["last"]]
     assert all(turn["old_kv"] for turn in split), split
     assert sum(turn["old_kv"] for turn in turns) >= 1 and not all(turn["old_kv"] for turn in turns)
