@@ -358,11 +358,48 @@ class RolloutConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    """``logger=[tensorboard]``: event files (sao.rl.training.trackers.tensorboard)."""
+
+    log_dir: str | None = None  # null: RUN_DIR/tensorboard
+
+
+@dataclass
+class WandbConfig:
+    """``logger=[wandb]``: a Weights & Biases run (sao.rl.training.trackers.wandb; the ``wandb`` extra).
+    Offline without an account: ``WANDB_MODE=offline`` (or ``logger.wandb.mode=offline``)."""
+
+    project: str = "sao"  # the W&B project
+    entity: str | None = None  # null: the account's default entity
+    group: str | None = None  # runs of one sweep side by side
+    tags: list[str] = field(default_factory=list)  # the run's W&B tags
+    mode: str | None = None  # online | offline | disabled; null: WANDB_MODE, else wandb's default (online)
+    dir: str | None = None  # null: WANDB_DIR, else RUN_DIR (wandb writes DIR/wandb/)
+    samples: int = 16  # held-out episodes in the table logged at each evaluation
+
+
+@dataclass
+class MlflowConfig:
+    """``logger=[mlflow]``: an MLflow run (sao.rl.training.trackers.mlflow; the ``mlflow`` extra)."""
+
+    # null: MLFLOW_TRACKING_URI, else a store inside the run (sqlite:///RUN_DIR/mlflow.db)
+    tracking_uri: str | None = None
+    experiment: str = "sao"  # the MLflow experiment (made when the store lacks it)
+
+
+@dataclass
 class LoggerConfig:
+    """What a run logs. The trackers are the options of the Hydra group ``logger``, several at once
+    (``logger=[tensorboard,wandb,mlflow]``; ``logger=[]``: none): a selected tracker's node is set, the
+    others are None. ``logger=quiet`` turns the console off (and selects no tracker)."""
+
     jsonl: bool = True  # DIR/metrics.jsonl (always written when true; the contract's file)
     console: bool = True  # rich progress and one line per step
-    tensorboard: bool = True  # DIR/tensorboard/
     save_trajectories: bool = True  # DIR/trajectories.jsonl, every episode as it finishes
+    name: str | None = None  # the trackers' run name; null: the run folder's name
+    tensorboard: TensorBoardConfig | None = None  # set by logger=[tensorboard] (the default): event files
+    wandb: WandbConfig | None = None  # set by logger=[wandb]: a W&B run (the wandb extra)
+    mlflow: MlflowConfig | None = None  # set by logger=[mlflow]: an MLflow run (the mlflow extra)
 
 
 @dataclass

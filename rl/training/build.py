@@ -44,8 +44,9 @@ from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.training.agent_players import AgentPlayers, agent_players
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
-from sao.rl.training.metrics_log import ConsoleSink, MetricsSink, TensorBoardSink
+from sao.rl.training.metrics_log import ConsoleSink, MetricsSink
 from sao.rl.training.run_folder import RunFiles, refuse_to_overwrite
+from sao.rl.training.trackers import Tracker, open_trackers
 from sao.rl.training.trainer import Trainer
 from sao.rl.weights import ReplicaWeightSync, WeightPublisher, WeightSync, check_engine_untied, export_engine_model
 
@@ -220,7 +221,8 @@ def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_p
     return Learner(policy, config, value_model=value, data_parallel=data_parallel)
 
 
-async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], thread: TorchThread) -> dict[str, Any]:
+async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], trackers: list[Tracker],
+               thread: TorchThread) -> dict[str, Any]:
     quiet_interrupts()  # SIGTERM and Ctrl-C are reported by sao-train itself (sao.agents.interrupts)
     validate(cfg)
     algo = make_algorithm(cfg.algo)  # fails on a bad algo before anything slow starts
@@ -243,10 +245,10 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], thread
             learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic,
                                        data_parallel=ranks.data_parallel(), device=ranks.device)
             algo = await thread.run(ranks.lead, algo, learner)
-        return await _train(cfg, run_dir, sinks, algo, learner, model_path, tasks, env_name, thread)
+        return await _train(cfg, run_dir, (sinks, trackers), algo, learner, model_path, tasks, env_name, thread)
 
 
-async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo: Any, learner: Learner,
+async def _train(cfg: TrainConfig, run_dir: Path, logs: tuple[list[MetricsSink], list[Tracker]], algo: Any, learner: Learner,
                  model_path: str, tasks: Any, env_name: str, thread: TorchThread) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -300,7 +302,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], algo
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
                                        offload=thread.run)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
-                              pad_id=pad_id, sinks=sinks, tasks=tasks,
+                              pad_id=pad_id, sinks=logs[0], trackers=logs[1], tasks=tasks,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir, agents),
                               thread=thread, engine_metrics=StepEngineMetrics(
                                   EngineMeter(controls), speculative=cfg.engine.speculative_config().enabled))
@@ -372,6 +374,16 @@ def _orchestrated(cfg: TrainConfig, run_dir: Path, engines: list[Any], clients: 
                                on_restart=lambda rid: write_engines(run_dir, engines), keep_kv=r.keep_kv)
 
 
+def _resume_step(cfg: TrainConfig, run_dir: Path) -> int | None:
+    """The step of the checkpoint a resumed run continues from (None: a fresh run, or no checkpoint yet)."""
+    if not cfg.resume:
+        return None
+    from sao.rl.training.checkpoint import Checkpointer
+
+    latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()
+    return int(json.loads((latest / "state.json").read_text())["step"]) if latest else None
+
+
 def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None) -> dict[str, Any]:
     """Run (or resume) one training run in ``run_dir``; returns the last step's metrics."""
     configure_allocator()  # before the learner allocates anything (sao.rl.learner.memory)
@@ -380,18 +392,12 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
         refuse_to_overwrite(run_dir)  # before anything slow starts
     run_dir.mkdir(parents=True, exist_ok=True)
     resolve_defaults(cfg)  # the env's domain and the loss band it implies, written into config.json
-    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str) + "\n")
+    config = json.loads(json.dumps(asdict(cfg), default=str))
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     sinks: list[MetricsSink] = []
     if cfg.logger.console if console is None else console:
         sinks.append(ConsoleSink(cfg.max_steps))
-    if cfg.logger.tensorboard:
-        purge = None
-        if cfg.resume:
-            from sao.rl.training.checkpoint import Checkpointer
-
-            latest = Checkpointer(RunFiles(run_dir).checkpoints).latest()
-            purge = int(json.loads((latest / "state.json").read_text())["step"]) + 1 if latest else None
-        sinks.append(TensorBoardSink(RunFiles(run_dir).tensorboard, purge_step=purge))
+    trackers = open_trackers(cfg.logger, run_dir, config, resume_step=_resume_step(cfg, run_dir))  # a missing extra fails here
     # every torch call of the run on one thread, and this one on a single intra-op thread from here on
     # (sao.rl.learner.torch_thread: a second OpenMP team would slow every kernel); put back at the end
     from sao.rl.learner.parallel.launch import rank_threads
@@ -400,9 +406,11 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
     thread = TorchThread(rank_threads(cfg, threads))
     finished = False
     try:
-        result = asyncio.run(_run(cfg, run_dir, sinks, thread))
+        result = asyncio.run(_run(cfg, run_dir, sinks, trackers, thread))
         finished = True
         return result
     finally:
+        for tracker in trackers:  # the trainer closes them; not when the run failed before it started
+            tracker.close()
         thread.close(wait=finished)  # interrupted: the engines are stopped; no wait for an update in hand
         torch.set_num_threads(threads)

@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ class EvalResult:
     truncated: int
     failed: int
     wall_s: float
+    samples: tuple[Trajectory, ...] = field(default=(), repr=False, compare=False)  # the episodes, in task order
 
     @property
     def accuracy(self) -> Interval:
@@ -145,7 +146,8 @@ class HeldOutEval:
         t0 = time.monotonic()
         done = await asyncio.gather(*(one(t) for t in self.task_ids))
         result = EvalResult(step, self.task_ids, tuple(t.status == "ok" and t.correct for t in done),
-                            sum(t.truncated for t in done), sum(t.status != "ok" for t in done), time.monotonic() - t0)
+                            sum(t.truncated for t in done), sum(t.status != "ok" for t in done), time.monotonic() - t0,
+                            tuple(done))
         with self.path.open("a", encoding="utf-8") as fh:
             for t, ok in zip(done, result.correct):
                 fh.write(json.dumps({"step": step, "task_id": t.task_id, "correct": ok,

@@ -1,4 +1,5 @@
-"""Metric sinks: one dict of namespaced scalars per step, to JSONL, the rich console and TensorBoard.
+"""Metric sinks: one dict of namespaced scalars per step, to JSONL and the rich console (the experiment
+trackers, TensorBoard among them, are :mod:`sao.rl.training.trackers`).
 
 Every line of ``metrics.jsonl`` carries :data:`REQUIRED_KEYS`; a key that does not apply to the
 algorithm is ``null`` (``loss/value`` without a critic, ``dis/mask_frac`` without DIS), never
@@ -103,22 +104,6 @@ class ConsoleSink:
 
     def close(self) -> None:
         pass
-
-
-class TensorBoardSink:
-    def __init__(self, log_dir: Path, *, purge_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self.writer.add_scalar(key, value, global_step=step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 class MultiSink:

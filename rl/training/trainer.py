@@ -15,7 +15,9 @@ critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones
 ``rollout.train_step`` = the step being sampled for when it ended, 0 for pretraining), ``batches.jsonl``
 (one line per policy step: which episodes -- prompt index, sample, attempt, version -- it trained
 on; the audit trail that no prompt is trained twice), ``checkpoints/``, ``weights/``
-(the engine's versioned safetensors) and ``tensorboard/``. :func:`sao.rl.training.build.run_training` builds
+(the engine's versioned safetensors), and the trackers' files (``tensorboard/``, ``wandb/``, ``mlflow.db``:
+:mod:`sao.rl.training.trackers`, which also receive every step's scalars and, at each held-out evaluation,
+its episodes). :func:`sao.rl.training.build.run_training` builds
 the real parts (vLLM, the HF model); tests build fakes and drive :class:`Trainer` directly.
 """
 
@@ -36,12 +38,13 @@ from sao.rl.algos import Algorithm
 from sao.rl.algos.base import PartwiseAlgorithm
 from sao.rl.config import TrainConfig
 from sao.rl.errors import TrainError
-from sao.rl.learner import Batch, Learner, collate, release, rss_gb
+from sao.rl.learner import Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval, improvement
 from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink
 from sao.rl.training.run_folder import RunFiles, RunRecords, start_or_resume
+from sao.rl.training.trackers import Tracker, TrackerSink
 from sao.rl.rollout import (
     ProbingSource,
     RolloutBatch,
@@ -61,7 +64,8 @@ class Syncer(Protocol):
 
 
 class Trainer:
-    """Drives one run (module doc). ``sinks`` receive the per-step metrics besides ``metrics.jsonl``."""
+    """Drives one run (module doc). ``sinks`` receive the per-step metrics besides ``metrics.jsonl``;
+    ``trackers`` receive them too, and the held-out episodes of each evaluation (closed at the end)."""
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class Trainer:
         weight_sync: Syncer,
         pad_id: int,
         sinks: list[MetricsSink] | None = None,
+        trackers: Sequence[Tracker] = (),
         tasks: Any = None,
         heldout: HeldOutEval | None = None,
         thread: TorchThread | None = None,
@@ -84,6 +89,7 @@ class Trainer:
         self.pad_id = pad_id
         self.tasks = tasks  # a ScheduledTaskStream the source draws from (online learning), or None
         self.extra_sinks = list(sinks or [])
+        self.trackers = list(trackers)
         self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
         self.thread = thread or TorchThread()  # every torch call of the run happens on this one thread
         self.engine_metrics = engine_metrics  # the replicas' /metrics per step (prefix-cache hits, speculation)
@@ -104,7 +110,8 @@ class Trainer:
     async def run(self) -> dict[str, Any]:
         cfg, files = self.cfg, self.files
         state = await self.thread.run(self.prepare)  # a resume loads the learner's tensors
-        sink = MultiSink([JsonlSink(files.metrics), *self.extra_sinks]) if cfg.logger.jsonl else MultiSink(self.extra_sinks)
+        sinks = [*self.extra_sinks, TrackerSink(self.trackers)]
+        sink = MultiSink([JsonlSink(files.metrics), *sinks] if cfg.logger.jsonl else sinks)
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
         self.records.open(files, save_trajectories=cfg.logger.save_trajectories)
         self.source.on_trajectory = self.records.record
@@ -122,7 +129,7 @@ class Trainer:
                 # the baseline, before any policy step, at version 0, concurrent with the critic's
                 # pretraining, which samples from the same version 0 and trains on the learner's
                 # thread (the engine and the learner work at once instead of in turn)
-                baseline = asyncio.create_task(evaluate(self.heldout, 0))
+                baseline = asyncio.create_task(evaluate(self.heldout, 0, self.trackers))
                 try:
                     await self._pretrain_critic(pretrain_sink)
                     sink.log(0, await baseline)
@@ -205,7 +212,7 @@ class Trainer:
         if self.tasks is not None and self.tasks.probe_due(step):
             online |= await probe_families(self.tasks, self.source, step)
         if self._eval_due(step):
-            online |= await evaluate(self.heldout, step)
+            online |= await evaluate(self.heldout, step, self.trackers)
         self.state = TrainState(step, step, self.state.pretrain_steps, self.source.state_dict(), self.algo.state_dict())
         release()  # the step's freed activations go back to the system, not into the next step's peak
         rss, peak = rss_gb()
@@ -275,9 +282,12 @@ async def probe_families(tasks: Any, source: Any, step: int) -> dict[str, float]
     return family_metrics(family_rewards(step, trajectories, probe=True)) | lag
 
 
-async def evaluate(heldout: HeldOutEval, step: int) -> dict[str, float]:
-    """:meth:`~sao.rl.training.heldout.HeldOutEval.run` at ``step``, logged; its metrics."""
+async def evaluate(heldout: HeldOutEval, step: int, trackers: Sequence[Tracker] = ()) -> dict[str, float]:
+    """:meth:`~sao.rl.training.heldout.HeldOutEval.run` at ``step``, logged, its episodes to the trackers;
+    its metrics."""
     result = await heldout.run(step)
+    for tracker in trackers:
+        tracker.log_samples(step, result.samples)
     acc = result.accuracy
     log.info("held-out accuracy at step %d: %.3f [%.3f, %.3f] on %d problems (%.1f s)", step, acc.value, acc.low,
              acc.high, len(result.correct), result.wall_s)
