@@ -254,7 +254,7 @@ def build_config(arm: Arm, seed: int, args: argparse.Namespace, base_url: str): 
                        problems=args.eval_problems or cfg.eval.problems)
     return replace(cfg, algo=algo, max_steps=batches - pretrain, value_pretrain_steps=pretrain, eval=eval_cfg,
                    keep_checkpoints=1, engine=replace(cfg.engine, base_url=base_url),
-                   logger=replace(cfg.logger, console=True, tensorboard=False))
+                   logger=replace(cfg.logger, console=True, tensorboard=None))
 
 
 def _comparable(cfg_dict: dict[str, Any]) -> dict[str, Any]:

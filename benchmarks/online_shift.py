@@ -54,7 +54,7 @@ def build_config(algo: str, args: argparse.Namespace, base_url: str):  # type: i
         env=replace(cfg.env, kwargs={**cfg.env.kwargs, "seed": args.seed, "max_digits": args.max_digits},
                     max_tokens=args.max_tokens),
         engine=replace(cfg.engine, base_url=base_url, served_name="smollm2-135m"),
-        logger=replace(cfg.logger, console=True, tensorboard=False))
+        logger=replace(cfg.logger, console=True, tensorboard=None))
 
 
 def finished(run_dir: Path, steps: int) -> bool:

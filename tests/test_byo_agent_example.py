@@ -64,7 +64,7 @@ def test_the_guide_example_is_trained_by_sao_train(tmp_path: Path) -> None:
     require_vllm()
     run = tmp_path / "run"
     args = [f"output_dir={run}", "agent=byo-agent", "env=arithmetic", "max_steps=2", "batch_size=2",
-            "value_pretrain_steps=0", "eval.enabled=false", "logger.tensorboard=false", "checkpoint_every=100",
+            "value_pretrain_steps=0", "eval.enabled=false", "logger=[]", "checkpoint_every=100",
             "keep_checkpoints=1", "engine.kv_cache_gib=1", "engine.extra_args=[-O0]", "agent_run.timeout_s=300",
             "agent_run.steps=2", "env.max_tokens_per_turn=128"]
     done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=1100, env=install(tmp_path / "site"))

@@ -33,7 +33,7 @@ def test_sao_train_trains_an_agent_plugin_on_its_captured_tokens_with_the_run_sa
     require_vllm()
     run = tmp_path / "run"
     args = [f"output_dir={run}", "agent=asker", "env=arithmetic", "max_steps=2", "batch_size=2",
-            "value_pretrain_steps=0", "eval.enabled=false", "logger.tensorboard=false", "checkpoint_every=100",
+            "value_pretrain_steps=0", "eval.enabled=false", "logger=[]", "checkpoint_every=100",
             "keep_checkpoints=1", "engine.kv_cache_gib=1", "engine.extra_args=[-O0]", "agent_run.timeout_s=300"]
     done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=1100, env=register(tmp_path / "dist"))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -44,7 +44,7 @@ def test_sao_train_multi_version_with_rebalancing_moves_requests_and_loses_none(
             "rollout.drain_below=1.0", "rollout.concurrency=8", f"rollout.staleness={K}", "algo=reinforce_mean",
             "batch_size=4", f"max_steps={STEPS}", "env.max_tokens=1920", "rollout.temperature=1.2", "eval.enabled=false",
             "engine.kv_cache_gib=1", "engine.nice=19", "learner.threads=1", "checkpoint_every=100", "keep_checkpoints=1",
-            "logger.tensorboard=false", "engine.extra_args=[-O0]"]  # managed engines of a few steps: no torch.compile (a shorter start)
+            "logger=[]", "engine.extra_args=[-O0]"]  # managed engines of a few steps: no torch.compile (a shorter start)
     started = time.monotonic()
     done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=1400)
     wall = time.monotonic() - started

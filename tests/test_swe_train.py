@@ -71,7 +71,7 @@ def test_sao_trains_two_steps_on_swe_local(restore_engine, docker_client, tmp_pa
     # batch, one trajectory probed on the engine after each sync (a 1,000-token probe costs ~15 s).
     cmd = [SAO_TRAIN, "env=swe-local", "max_steps=2", "batch_size=2", f"output_dir={run_dir}",
            "value_pretrain_steps=0", "env.max_turns=2", "env.max_tokens=128", "env.max_tokens_per_turn=64",
-           f"+env.kwargs.label={label}", "keep_checkpoints=1", "logger.tensorboard=false", "engine.action_probes=1", "engine.probe_every=1",
+           f"+env.kwargs.label={label}", "keep_checkpoints=1", "logger=[]", "engine.action_probes=1", "engine.probe_every=1",
            f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"]
     started = time.time()
     try:

@@ -114,7 +114,7 @@ def config(algo: str = "sao", **overrides) -> TrainConfig:  # type: ignore[no-un
     cfg = replace(cfg, batch_size=4, value_pretrain_steps=1, max_steps=2, checkpoint_every=1,
                   optim=replace(cfg.optim, lr=1e-3, value_warmup_steps=0),
                   env=replace(cfg.env, kwargs={**cfg.env.kwargs, "difficulty": 0.0, "ops": "+-"}, max_tokens=48),
-                  engine=replace(cfg.engine, probe=False), logger=LoggerConfig(console=False, tensorboard=False))
+                  engine=replace(cfg.engine, probe=False), logger=LoggerConfig(console=False))
     if cfg.algo.group_size > 1:
         cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
     return replace(cfg, **overrides)

@@ -39,7 +39,7 @@ def real_config(algo: str, server, **overrides) -> TrainConfig:  # type: ignore[
                   optim=replace(cfg.optim, lr=1e-4, value_warmup_steps=0),
                   env=replace(cfg.env, kwargs={**cfg.env.kwargs, "ops": "+-"}, max_tokens=64),
                   engine=replace(cfg.engine, base_url=server.root_url, served_name=server.model_name, probe_every=1),
-                  logger=replace(cfg.logger, console=False, tensorboard=False), eval=replace(cfg.eval, enabled=False))
+                  logger=replace(cfg.logger, console=False, tensorboard=None), eval=replace(cfg.eval, enabled=False))
     if cfg.algo.group_size > 1:
         cfg = replace(cfg, algo=replace(cfg.algo, group_size=2))
     return replace(cfg, **overrides)
@@ -129,7 +129,7 @@ def test_sao_train_cli_sweep_and_resume(restore_engine, tmp_path: Path) -> None:
     server = restore_engine
     exe = Path(sys.executable).with_name("sao-train")
     common = ["max_steps=1", "batch_size=4", "value_pretrain_steps=0", "env.max_tokens=32", "keep_checkpoints=1",
-              f"engine.base_url={server.root_url}", "logger.tensorboard=false", "optim.lr=1e-4", "eval.enabled=false"]
+              f"engine.base_url={server.root_url}", "logger=[]", "optim.lr=1e-4", "eval.enabled=false"]
     try:
         sweep = tmp_path / "sweep"
         # two runs, not four (CI time: each is a process start, a model load and an SAO checkpoint of ~3 GB);
@@ -284,7 +284,7 @@ def test_default_run_memory_is_bounded_and_the_engine_follows_the_learner(restor
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     try:
         out = subprocess.run([str(exe), f"output_dir={run_dir}", "max_steps=6", "eval.enabled=false",
-                              "checkpoint_every=100", "keep_checkpoints=1", "logger.tensorboard=false",
+                              "checkpoint_every=100", "keep_checkpoints=1", "logger=[]",
                               "engine.probe_every=1", f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}"],
                              capture_output=True, text=True, timeout=1500, env=env)
         assert out.returncode == 0, out.stderr[-3000:]

@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.
 
 STEPS = 3
 TINY = ["algo=grpo", "batch_size=4", "eval.enabled=false", "env.max_tokens=32",
-        "engine.kv_cache_gib=1", "checkpoint_every=1", "keep_checkpoints=2", "logger.tensorboard=false"]
+        "engine.kv_cache_gib=1", "checkpoint_every=1", "keep_checkpoints=2", "logger=[]"]
 NO_COMPILE = "engine.extra_args=[-O0]"  # managed engines of a few steps: a start without torch.compile is 27 s shorter
 
 
@@ -240,7 +240,7 @@ def test_async_sao_survives_a_killed_replica_and_resumes(restore_engine, smollm2
     run_dir = tmp_path / "run"
     common = [f"output_dir={run_dir}", "rollout=async", "rollout.staleness=1", "rollout.concurrency=4",
               "batch_size=4", "value_pretrain_steps=1", "env.max_tokens=32", "engine.kv_cache_gib=1",
-              "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger.tensorboard=false",
+              "keep_checkpoints=1", "checkpoint_every=1", "engine.health_interval_s=1", "logger=[]",
               # an online schedule's forgetting probes each step, beside the scheduled episodes (never trained on)
               "schedule=phases", "schedule.eval_every=1", "schedule.eval_prompts=2"]
     try:
