@@ -417,7 +417,8 @@ def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Pa
     out = tmp_path / "curves.png"
     assert report([str(tmp_path / n) for n in "abc"] + ["--out", str(out), "--x", "samples", "--label", "algo"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    assert "loss/value" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.out == f"{out}\n" and "loss/value" in printed.err  # the path alone on stdout
     # x = trajectories seen: 8, 16, ...; null values are skipped, not drawn as 0
     assert series(lines(tmp_path / "a" / "metrics.jsonl"), "reward/mean", "samples", 8) == ([8, 16, 24, 32, 40],
                                                                                           [0.1, 0.2, 0.3, 0.4, 0.5])
@@ -425,6 +426,25 @@ def test_sao_report_draws_runs_and_rejects_a_folder_without_metrics(tmp_path: Pa
     (tmp_path / "empty").mkdir()
     assert report([str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_sao_report_draws_one_run_into_it_and_refuses_to_guess_where_several_go(tmp_path: Path, capsys,
+                                                                               monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from sao.rl.training.report import main as report
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s / 4}) + "\n"
+                                                               for s in (1, 2)))
+    monkeypatch.chdir(tmp_path)
+    assert report([str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'a' / 'report.png'}\n"  # into the run, its path printed
+    assert (tmp_path / "a" / "report.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "report.png").exists()
+    assert report([str(tmp_path / "a"), str(tmp_path / "b")]) == 2  # several: where would it go?
+    assert "--out" in capsys.readouterr().err
+    assert not (tmp_path / "report.png").exists() and not (tmp_path / "b" / "report.png").exists()
+    assert report([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab.png")]) == 0
+    assert (tmp_path / "ab.png").is_file()
 
 
 def make_scheduled_trainer(cfg: TrainConfig, run_dir: Path, server: FakeServer) -> Trainer:

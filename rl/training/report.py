@@ -1,4 +1,7 @@
-"""``sao-report RUN_DIR... [--out report.png]``: learning curves of one or more runs, to PNG.
+"""``sao-report RUN_DIR`` / ``sao-report RUN_DIR... --out FILE.png``: learning curves of one or more runs, to PNG.
+
+One run's figure goes into the run, ``RUN_DIR/report.png``; several runs' goes where ``--out`` says, and
+without it sao-report refuses (exit 2) rather than guess which folder it belongs in. It prints the path.
 
 Reads each run's ``metrics.jsonl`` and draws one panel per metric that some run logged: reward,
 accuracy, policy and value losses, the DIS mask fraction, the value model's explained variance,
@@ -166,7 +169,8 @@ def draw(run_dirs: list[Path], out: Path, *, x: str = "step", label: str = "dir"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sao-report", description="Plot learning curves of sao-train runs to a PNG.")
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.jsonl)")
-    parser.add_argument("--out", type=Path, default=Path("report.png"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the PNG to write (default with one run: RUN_DIR/report.png; required with several)")
     parser.add_argument("--x", choices=("step", "samples"), default="step", help="x axis: policy step or trajectories")
     parser.add_argument("--label", default="dir",
                         help="legend label: 'dir' (folder name) or a config.json key such as 'algo' or 'seed'; "
@@ -175,14 +179,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def out_path(runs: list[Path], out: Path | None) -> Path:
+    """Where the figure goes: ``out``, else the one run's ``report.png``; several runs need ``out``."""
+    if out is not None:
+        return out
+    if len(runs) > 1:
+        raise ReportError(f"{len(runs)} runs: say where their figure goes with --out FILE.png (one run's goes "
+                          "into its folder, RUN_DIR/report.png)")
+    return Path(runs[0]) / "report.png"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        drawn = draw(args.runs, args.out, x=args.x, label=args.label, smooth_window=args.smooth)
+        out = out_path(args.runs, args.out)
+        drawn = draw(args.runs, out, x=args.x, label=args.label, smooth_window=args.smooth)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out} ({len(args.runs)} run(s); panels: {', '.join(drawn)})")
+    print(out)
+    print(f"{len(args.runs)} run(s); panels: {', '.join(drawn)}", file=sys.stderr)
     for run_dir in args.runs:
         shifts, forgot = online_summary(read_run(run_dir))
         for a in shifts:
