@@ -27,6 +27,7 @@ PARTS: dict[str, str] = {
     "ray": "a Ray cluster",
     "sao-train": "sao-train, real steps on vLLM",
     "sao-eval": "sao-eval end to end",
+    "trackers": "TensorBoard, W&B (offline) and MLflow (SQLite) stores, read back",
 }
 REQUIRE_ENV = "SAO_REQUIRE_PARTS"
 PROPERTY = "sao_part"
