@@ -205,6 +205,8 @@ def schema() -> tuple[frozenset[str], frozenset[str]]:
     def walk(cls: type, prefix: str) -> None:
         for f in dataclasses.fields(cls):
             tp = typing.get_type_hints(cls)[f.name]
+            # an optional section (logger.wandb: WandbConfig | None, set when its option is selected)
+            tp = next((a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)), tp)
             path = f"{prefix}{f.name}"
             keys.add(path)
             if dataclasses.is_dataclass(tp):
@@ -271,7 +273,8 @@ def check_override(token: str) -> str | None:
     if _placeholder(key) or key.startswith("hydra.") or key == "hydra":
         return None
     if sep and key in groups():
-        for option in re.split(r"[,|]", value):
+        # several options of one group at once: logger=[tensorboard,wandb] (logger=[]: none)
+        for option in re.split(r"[,|]", value.removeprefix("[").removesuffix("]")):
             option = option.strip()
             if not option or _placeholder(option) or option.startswith(SWEEP_FUNCTIONS) or option in groups()[key]:
                 continue

@@ -5,7 +5,8 @@ A page marks where generated text goes with an HTML comment on a line of its own
 - ``<!-- cli: sao-eval -->``: that command's ``--help`` (and each subcommand's);
 - ``<!-- train-groups -->``: ``sao-train``'s config groups and their options;
 - ``<!-- schema: optim -->``: a table of one section of ``TrainConfig`` (key, default, what it is),
-  ``<!-- schema: top -->`` for the top-level keys, ``<!-- schema: algo/NAME -->`` for an algorithm's.
+  ``<!-- schema: top -->`` for the top-level keys, ``<!-- schema: algo/NAME -->`` for an algorithm's,
+  ``<!-- schema: logger/wandb -->`` for a tracker's (the option of a group selected several at once).
 
 So the reference cannot drift from the code; the prose around it is checked by ``tests/test_docs.py``.
 The same module tells that test which parser each command has (:data:`COMMANDS`).
@@ -104,7 +105,8 @@ def defaults() -> dict[str, str]:
     out = {}
     for item in yaml.safe_load(text)["defaults"]:
         if isinstance(item, dict):
-            out.update({str(k): str(v) for k, v in item.items()})
+            # a group with several options selected (logger: [tensorboard]) reads as its override: [tensorboard]
+            out.update({str(k): f"[{','.join(map(str, v))}]" if isinstance(v, list) else str(v) for k, v in item.items()})
     return out
 
 
@@ -156,11 +158,15 @@ def section_class(section: str) -> type:
         return config.TrainConfig
     if section.startswith("algo/"):
         return config.ALGO_CONFIGS[section.removeprefix("algo/")]
+    if "/" in section:  # an optional sub-section: logger/wandb (set when its option of the group is selected)
+        outer, inner = section.split("/", 1)
+        hint = _hints(section_class(outer))[inner]
+        return next(a for a in typing.get_args(hint) if dataclasses.is_dataclass(a))
     return _hints(config.TrainConfig)[section]
 
 
 def _default(value: Any) -> str:
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) or isinstance(value, dict):
         return "(a section)"
     text = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
     return text.replace("|", "\\|")
@@ -170,7 +176,7 @@ def schema_table(section: str) -> str:
     cls = section_class(section)
     comments = _all_comments(cls)
     yaml_defaults = _composed_section(section)
-    prefix = "" if section == "top" else ("algo" if section.startswith("algo/") else section) + "."
+    prefix = "" if section == "top" else ("algo" if section.startswith("algo/") else section.replace("/", ".")) + "."
     rows = ["| key | type | default | what it is |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(cls):
         if section == "top" and dataclasses.is_dataclass(_hints(cls)[f.name]):
@@ -195,6 +201,9 @@ def _composed_section(section: str) -> dict[str, Any]:
     if section.startswith("algo/"):
         cfg = compose([f"algo={section.removeprefix('algo/')}"])
         return dict(cfg["algo"])
+    if "/" in section:
+        outer, inner = section.split("/", 1)
+        return dict(compose([f"{outer}=[{inner}]"])[outer][inner])
     cfg = compose([])
     return {k: v for k, v in cfg.items() if not isinstance(v, dict)} if section == "top" else dict(cfg[section])
 
