@@ -161,3 +161,17 @@ def test_a_tracker_whose_library_is_missing_fails_at_the_start_naming_its_extra(
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow package.*pip install 'sao\[mlflow\]'"):
         open_trackers(LoggerConfig(tensorboard=TensorBoardConfig(), mlflow=MlflowConfig()), tmp_path, {})
     assert opened.closed == 1  # the tracker opened before it is closed again
+
+
+def test_sao_train_says_what_to_write_for_the_old_switches_and_an_unselected_trackers_setting() -> None:
+    from sao.rl.cli.logger_group import check_overrides
+
+    with pytest.raises(ConfigError, match=r"no longer switches.*logger=\[tensorboard,wandb,mlflow\]"):
+        check_overrides(["max_steps=2", "logger.tensorboard=false"])
+    with pytest.raises(ConfigError, match=r"logger.wandb.project=p sets a tracker .* add logger=\[tensorboard,wandb\]"):
+        check_overrides(["logger.wandb.project=p"])  # the default selects tensorboard only
+    with pytest.raises(ConfigError, match=r"add logger=\[mlflow\]"):
+        check_overrides(["logger=[]", "logger.mlflow.experiment=e"])
+    check_overrides(["logger=[wandb,mlflow]", "logger.wandb.project=p", "logger.mlflow.experiment=e"])
+    check_overrides(["logger=wandb", "logger.wandb.mode=offline", "logger.console=false", "logger.name=n"])
+    check_overrides(["logger.tensorboard.log_dir=/tmp/tb"])  # selected by default

@@ -7,7 +7,8 @@
     sao-train env=reverse-word max_steps=2                        # any registered env, plug-ins included
 
 Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``)
-over the schema :class:`sao.rl.config.TrainConfig`. Each ``algo`` option composes that algorithm's own
+over the schema :class:`sao.rl.config.TrainConfig`; ``logger`` selects several trackers at once
+(``logger=[tensorboard,wandb,mlflow]``, :mod:`sao.rl.cli.logger_group`). Each ``algo`` option composes that algorithm's own
 config, and an option it lacks exits 2 naming those it has (:mod:`sao.rl.cli.algo_group`); the ``env``
 group holds every registered environment, plug-ins included, and an unknown ``env=`` name exits 2 with
 a suggestion (:mod:`sao.rl.cli.env_group`). The run folder is ``output_dir`` (single run) or ``output_dir/<overrides>``
@@ -37,7 +38,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from sao.agents.interrupts import exit_now, interrupt_exit_code, interrupt_name, sigterm_as_interrupt
-from sao.rl.cli import algo_group, env_group
+from sao.rl.cli import algo_group, env_group, logger_group
 from sao.rl.config import ALGO_CONFIGS, AlgoConfig, TrainConfig, resolve_defaults
 from sao.rl.errors import CheckpointError, ConfigError, TrainError
 
@@ -158,6 +159,7 @@ def main() -> None:
     try:
         sys.argv[1:] = env_group.rewrite_overrides(sys.argv[1:])  # before Hydra reads them
         algo_group.check_overrides(sys.argv[1:])  # an option the algorithm lacks: one line naming its options
+        logger_group.check_overrides(sys.argv[1:])  # logger.tensorboard=false, a setting of an unselected tracker
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
