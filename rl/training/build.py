@@ -245,11 +245,11 @@ async def _run(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], tracke
             learner = await thread.run(make_learner, cfg, model_path, algo.uses_critic,
                                        data_parallel=ranks.data_parallel(), device=ranks.device)
             algo = await thread.run(ranks.lead, algo, learner)
-        return await _train(cfg, run_dir, (sinks, trackers), algo, learner, model_path, tasks, env_name, thread)
+        return await _train(cfg, run_dir, sinks, trackers, algo, learner, model_path, tasks, env_name, thread)
 
 
-async def _train(cfg: TrainConfig, run_dir: Path, logs: tuple[list[MetricsSink], list[Tracker]], algo: Any, learner: Learner,
-                 model_path: str, tasks: Any, env_name: str, thread: TorchThread) -> dict[str, Any]:
+async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], trackers: list[Tracker], algo: Any,
+                 learner: Learner, model_path: str, tasks: Any, env_name: str, thread: TorchThread) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -302,7 +302,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, logs: tuple[list[MetricsSink],
                 sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
                                        offload=thread.run)
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
-                              pad_id=pad_id, sinks=logs[0], trackers=logs[1], tasks=tasks,
+                              pad_id=pad_id, sinks=sinks, trackers=trackers, tasks=tasks,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir, agents),
                               thread=thread, engine_metrics=StepEngineMetrics(
                                   EngineMeter(controls), speculative=cfg.engine.speculative_config().enabled))
@@ -397,7 +397,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, console: bool | None = None
     sinks: list[MetricsSink] = []
     if cfg.logger.console if console is None else console:
         sinks.append(ConsoleSink(cfg.max_steps))
-    trackers = open_trackers(cfg.logger, run_dir, config, resume_step=_resume_step(cfg, run_dir))  # a missing extra fails here
+    # each tracker's library is imported here: a missing extra stops the run before anything slow starts
+    trackers = open_trackers(cfg.logger, run_dir, config, resume_step=_resume_step(cfg, run_dir))
     # every torch call of the run on one thread, and this one on a single intra-op thread from here on
     # (sao.rl.learner.torch_thread: a second OpenMP team would slow every kernel); put back at the end
     from sao.rl.learner.parallel.launch import rank_threads
