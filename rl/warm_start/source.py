@@ -34,11 +34,11 @@ class DemonstrationSource:
                  concurrency: int = 8):
         self.runner, self.client, self.tasks = runner, client, tasks
         self.min_reward, self.seed = min_reward, seed
-        self._slots = asyncio.Semaphore(max(1, concurrency))
+        self.concurrency = max(1, concurrency)
         self.on_trajectory = lambda trajectory: None
 
-    async def _play(self, ref: Any, version: int) -> Trajectory:
-        async with self._slots:
+    async def _play(self, ref: Any, version: int, slots: asyncio.Semaphore) -> Trajectory:
+        async with slots:
             t = await self.runner(self.client, task_id=ref.task_id, sample=0,
                                   seed=episode_seed(self.seed, ref.index, 0))
         t = replace(t, rollout=RolloutMeta(prompt_index=ref.index, policy_version=version))
@@ -49,8 +49,10 @@ class DemonstrationSource:
         t0 = time.monotonic()
         kept: list[Trajectory] = []
         played: list[Trajectory] = []
+        slots = asyncio.Semaphore(self.concurrency)  # made here: a semaphore binds to the loop that first waits on it
         for _ in range(_MAX_ROUNDS):
-            done = await asyncio.gather(*(self._play(r, learner_version) for r in self.tasks.take(n - len(kept))))
+            refs = self.tasks.take(n - len(kept))
+            done = await asyncio.gather(*(self._play(r, learner_version, slots) for r in refs))
             played += done
             kept += [t for t in done if self.accepts(t)]
             if len(kept) >= n:
