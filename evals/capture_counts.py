@@ -13,57 +13,41 @@ A run without an agent plug-in has no such counts: the summary leaves the key ou
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sao.agents import Trajectory
+from sao.agents.capture import CaptureStats
 
 SUMMARY_KEY = "capture"
 
 
 @dataclass(frozen=True)
 class CaptureCounts:
-    """The sums over an evaluation's episodes (module doc)."""
+    """The sums over an evaluation's episodes (module doc): ``total`` sums the episodes' stats."""
 
     episodes: int = 0
     uncaptured: int = 0
-    calls: int = 0
-    merged: int = 0
-    split: int = 0
-    split_reasons: dict[str, int] = field(default_factory=dict)
-    pinned_calls: int = 0
-    failed_calls: int = 0
+    total: CaptureStats = field(default_factory=CaptureStats)
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The summary's keys: ``episodes``, ``uncaptured`` and the total's counts beside them."""
+        return {"episodes": self.episodes, "uncaptured": self.uncaptured, **self.total.as_json()}
 
 
-def episode_stats(t: Trajectory) -> Mapping[str, Any] | None:
+def episode_stats(t: Trajectory) -> CaptureStats | None:
     """The capture stats an episode's record holds, or None when it holds none."""
     capture = t.info.get(SUMMARY_KEY)
     stats = capture.get("stats") if isinstance(capture, Mapping) else None
-    return stats if isinstance(stats, Mapping) else None
+    return CaptureStats.from_json(stats) if isinstance(stats, Mapping) else None
 
 
 def capture_counts(done: Iterable[Trajectory]) -> CaptureCounts:
     """The sums of the episodes' capture stats (module doc)."""
-    sums: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    episodes = uncaptured = 0
-    for t in done:
-        stats = episode_stats(t)
-        if stats is None:
-            uncaptured += 1
-            continue
-        episodes += 1
-        for key in ("calls", "merged", "split", "pinned_calls", "failed_calls"):
-            sums[key] += int(stats.get(key, 0))
-        reasons.update({str(k): int(v) for k, v in (stats.get("split_reasons") or {}).items()})
-    return CaptureCounts(episodes=episodes, uncaptured=uncaptured, calls=sums["calls"], merged=sums["merged"],
-                         split=sums["split"], split_reasons=dict(sorted(reasons.items())),
-                         pinned_calls=sums["pinned_calls"], failed_calls=sums["failed_calls"])
+    found = [episode_stats(t) for t in done]
+    held = [s for s in found if s is not None]
+    return CaptureCounts(episodes=len(held), uncaptured=len(found) - len(held), total=sum(held, CaptureStats()))
 
 
 def capture_summary(plugin: bool, done: Iterable[Trajectory]) -> dict[str, Any]:

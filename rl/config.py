@@ -20,6 +20,7 @@ from sao.rl.learner import LrSchedule
 
 
 LOSSES = ("dis", "ppo")  # algo.loss: the policy losses (sao.rl.algos.policy_losses.LOSSES builds them)
+SFT_LOSS = "ce"  # algo=sft's loss: cross-entropy on the demonstrations' action tokens (sao.rl.algos.sft)
 
 
 @dataclass
@@ -119,6 +120,25 @@ class GRPODISConfig(GRPOConfig):
 
 
 @dataclass
+class SFTConfig(AlgoConfig):
+    """A warm start from demonstrations (``algo=sft``, :mod:`sao.rl.algos.sft`): cross-entropy on the action
+    tokens of episodes a scripted ``demonstrator`` (:data:`sao.rl.warm_start.DEMONSTRATORS`) plays through the
+    agent loop on the training split; held-out accuracy with ``eval.patience`` says when to stop."""
+
+    name: str = "sft"
+    loss: str = SFT_LOSS
+    demonstrator: str = "arithmetic_tool"
+    # a demonstration is kept only when the environment rewarded it at least this much (1: solved)
+    min_reward: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.loss != SFT_LOSS:
+            raise ConfigError(f"algo=sft trains with cross-entropy (algo.loss={SFT_LOSS}), not {self.loss!r}")
+        if self.group_size != 1:
+            raise ConfigError(f"algo=sft takes one demonstration per prompt; set algo.group_size=1, not {self.group_size}")
+
+
+@dataclass
 class ReinforceMeanConfig(AlgoConfig):
     """One rollout per prompt, a running-mean baseline, DIS."""
 
@@ -134,7 +154,7 @@ class ReinforceMeanConfig(AlgoConfig):
 
 ALGO_CONFIGS: dict[str, type[AlgoConfig]] = {
     "sao": SAOConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "grpo_dis": GRPODISConfig,
-    "reinforce_mean": ReinforceMeanConfig,
+    "reinforce_mean": ReinforceMeanConfig, "sft": SFTConfig,
 }
 """Each ``algo=`` option's config; :data:`sao.rl.algos.ALGORITHMS` holds their classes under the same names."""
 
@@ -440,6 +460,10 @@ class EvalConfig:
     temperature: float = 0.0
     max_tokens: int | None = None
     concurrency: int = 64
+    # stop rule: stop when held-out accuracy has not risen above its best for this many evaluations in a row
+    # (0: off, run to max_steps). On: the best evaluated policy is kept in RUN_DIR/best_model (a Hugging Face
+    # folder that model.name= takes) and the curve in RUN_DIR/curve.json (sao.rl.training.early_stop)
+    patience: int = 0
 
 
 SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.learner.sharding.STRATEGIES
@@ -630,6 +654,8 @@ def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
         cfg.env.max_concurrent = container_slots()
     if cfg.engine.token_route is None:
         cfg.engine.token_route = cfg.rollout.mode != "sync" and not cfg.engine.base_url
+    if cfg.algo.loss == SFT_LOSS:  # no importance ratio, no band
+        return cfg
     low, high = {"dis": DIS_BANDS[cfg.env.domain], "ppo": PPO_CLIP}[cfg.algo.loss]
     cfg.algo.eps_low = low if cfg.algo.eps_low is None else cfg.algo.eps_low
     cfg.algo.eps_high = high if cfg.algo.eps_high is None else cfg.algo.eps_high
@@ -677,8 +703,15 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.env.max_tokens is not None and cfg.env.max_tokens >= cfg.engine.max_model_len:
         raise ConfigError(f"env.max_tokens ({cfg.env.max_tokens}) must be below engine.max_model_len "
                           f"({cfg.engine.max_model_len}), which also holds the prompt")
-    if cfg.eval.enabled and (cfg.eval.every < 0 or cfg.eval.problems < 1 or cfg.eval.concurrency < 1):
-        raise ConfigError("eval.every must be >= 0, eval.problems and eval.concurrency >= 1")
+    if cfg.eval.enabled and (cfg.eval.every < 0 or cfg.eval.problems < 1 or cfg.eval.concurrency < 1
+                             or cfg.eval.patience < 0):
+        raise ConfigError("eval.every and eval.patience must be >= 0, eval.problems and eval.concurrency >= 1")
+    if cfg.eval.patience and not (cfg.eval.enabled and cfg.eval.every > 0 and cfg.env.heldout_kwargs is not None):
+        raise ConfigError("eval.patience stops on held-out accuracy: it needs eval.enabled=true, eval.every > 0 "
+                          "and an env with a held-out split (env.heldout_kwargs)")
+    if cfg.algo.loss == SFT_LOSS and cfg.rollout.mode != "sync":
+        raise ConfigError(f"algo=sft learns from demonstrations, with one engine for its held-out evaluation: "
+                          f"use rollout=sync, not rollout={cfg.rollout.mode}")
     scheduler_config(cfg)
     if cfg.model.activation_checkpointing not in ("auto", True, False):
         raise ConfigError(f"model.activation_checkpointing must be auto, true or false, "

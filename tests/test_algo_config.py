@@ -70,7 +70,7 @@ def test_an_option_the_algorithm_lacks_is_an_error_naming_its_options() -> None:
         algo_config("grpo", ttur_k=3)
     with pytest.raises(ConfigError, match=r"algo=grpo has no option 'scale_by_st' .*Did you mean 'scale_by_std'\?"):
         algo_config("grpo", scale_by_st=False)
-    with pytest.raises(ConfigError, match=r"unknown algo 'grpp' \(known: sao, ppo, grpo, grpo_dis, reinforce_mean\)\. "
+    with pytest.raises(ConfigError, match=r"unknown algo 'grpp' \(known: sao, ppo, grpo, grpo_dis, reinforce_mean, sft\)\. "
                                           r"Did you mean 'grpo'\?"):
         algo_config("grpp")
     with pytest.raises(ConfigCompositionException):  # Hydra refuses it too, where the command line is not read

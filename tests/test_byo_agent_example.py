@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from sao.agents.testing import FakeServer, Reply
 from sao.agents.testing.fake_agents import solve
 from sao.evals.cli import main
+from tests.agent_plugins import with_path
 from tests.faults.procs import SAO_TRAIN, jsonl
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "byo-agent"
@@ -24,7 +24,7 @@ def install(target: Path) -> dict[str, str]:
     """``pip install`` the example into ``target``; the environment of a process that finds it there."""
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     "--target", str(target), str(EXAMPLE)], check=True, capture_output=True, timeout=300)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+    return with_path(target)
 
 
 def answering_on_second_ask(request: dict[str, Any], prompt: str) -> Reply:

@@ -19,7 +19,15 @@ def test_every_registered_env_is_an_option():
         lite = cli.to_config(compose("config", overrides=["env=swe-bench-lite"]))
     # a built-in's file wins over a generated option: swe-bench-lite shares swe-bench-verified's settings
     assert (lite.env.max_turns, lite.env.kwargs, lite.env.domain) == (300, {"max_steps": 300}, "coding")
-    assert set(env_group.file_options()) <= set(entries())
+    # a file is a registered environment's settings: named after it, or a named task over it (arithmetic-tool:
+    # arithmetic with the python tool), whose `name` is the environment's
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    for option in env_group.file_options():
+        name = OmegaConf.load(str(resources.files("sao.conf") / "env" / f"{option}.yaml"))["name"]
+        assert name in entries() and (option in entries() or name != option), option
 
 
 def test_a_generated_option_holds_only_the_entrys_defaults():
@@ -50,6 +58,6 @@ def test_an_unknown_env_is_a_config_error_with_a_suggestion():
     with pytest.raises(ConfigError) as err:
         env_group.rewrite_overrides(["-m", "env=arithmetic,arithmetc"])
     assert str(err.value).startswith("env=arithmetc: unknown environment 'arithmetc'. Did you mean 'arithmetic'? "
-                                     "Known: arithmetic, beyond-aime, ")
+                                     "Known: arithmetic, arithmetic-tool, beyond-aime, ")
     with pytest.raises(ConfigError, match="unknown environment 'nope'"):
         env_group.rewrite_overrides(["env.name=nope"])

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sao.agents.capture import CaptureStats
 from sao.agents.external.registry import AgentPlugin
 from sao.agents.external.runner import ExternalAgentRunner
 from sao.agents.external.sessions import PassThroughSessions
@@ -99,7 +100,7 @@ class _Assembled:
     logprobs: tuple[float, ...] = (0.0, 0.0, -0.5, -0.25)
     turns: tuple[TurnRecord, ...] = (TurnRecord(2, 2, "stop", None, 0.0, 0.1),)
     segments: tuple[Any, ...] = ()
-    stats: dict[str, Any] = field(default_factory=lambda: {"calls": 1, "merged": 0, "split": 0})
+    stats: CaptureStats = field(default_factory=lambda: CaptureStats(calls=1))
 
 
 @dataclass
@@ -126,7 +127,8 @@ def test_a_capture_sessions_tokens_make_a_trainable_record(tmp_path: Path):
     assert t.status == "ok" and t.reward == 1.0 and t.mode == "tokens" and t.trainable
     assert t.token_ids == (1, 2, 3, 4) and t.action_mask == (0, 0, 1, 1) and t.logprobs == (0.0, 0.0, -0.5, -0.25)
     assert session.opened_for == [t.episode_id] and len(t.turns) == 1
-    assert t.info["capture"] == {"calls": 1, "stats": {"calls": 1, "merged": 0, "split": 0}, "segments": []}
+    assert t.info["capture"] == {"calls": 1, "segments": [], "stats": {
+        "calls": 1, "merged": 0, "split": 0, "split_reasons": {}, "pinned_calls": 0, "failed_calls": 0}}
 
 
 class _UngradableMath(MathEnv):

@@ -6,13 +6,12 @@ trains at temperature 1: the proxy pins the run's settings and records that it o
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.agent_plugins import FAKE
+from tests.agent_plugins import FAKE, with_path, write_dist_info
 from tests.faults.procs import SAO_TRAIN, jsonl
 from tests.test_engine import require_vllm
 
@@ -21,11 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.
 
 def register(folder: Path) -> dict[str, str]:
     """The environment of a process that finds the plug-in ``asker`` (a distribution's metadata on PYTHONPATH)."""
-    info = folder / "asker_agent-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: asker-agent\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[sao.agents]\nasker = {FAKE}:ask_model\n")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+    return with_path(write_dist_info(folder, {"asker": f"{FAKE}:ask_model"}, "asker-agent"))
 
 
 @pytest.mark.timeout(1200)

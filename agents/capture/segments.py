@@ -17,8 +17,9 @@ endpoint) assemble into a text-mode result: no tokens, the turns' usage counts.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sao.envs import Message
 
@@ -41,6 +42,24 @@ class CaptureStats:
     split_reasons: dict[str, int] = field(default_factory=dict)
     pinned_calls: int = 0
     failed_calls: int = 0
+
+    def __add__(self, other: CaptureStats) -> CaptureStats:
+        """The counts of two episodes together (sums, and the reasons' counts summed per reason)."""
+        reasons = Counter(self.split_reasons) + Counter(other.split_reasons)
+        return CaptureStats(calls=self.calls + other.calls, merged=self.merged + other.merged,
+                            split=self.split + other.split, split_reasons=dict(sorted(reasons.items())),
+                            pinned_calls=self.pinned_calls + other.pinned_calls,
+                            failed_calls=self.failed_calls + other.failed_calls)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureStats:
+        """The stats a record holds (:meth:`as_json`); a missing count reads as 0."""
+        return cls(calls=int(d.get("calls", 0)), merged=int(d.get("merged", 0)), split=int(d.get("split", 0)),
+                   split_reasons={str(k): int(v) for k, v in (d.get("split_reasons") or {}).items()},
+                   pinned_calls=int(d.get("pinned_calls", 0)), failed_calls=int(d.get("failed_calls", 0)))
 
 
 @dataclass(frozen=True)

@@ -174,8 +174,7 @@ def captured_from(session: CaptureSessionLike) -> Captured:
     if assembled is None:
         return Captured(n_calls, text_fields(()), {"capture": {"calls": n_calls}})
     segments = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else s for s in assembled.segments]
-    stats = dataclasses.asdict(assembled.stats) if dataclasses.is_dataclass(assembled.stats) else dict(assembled.stats)
-    info = {"capture": {"calls": n_calls, "stats": stats, "segments": segments}}
+    info = {"capture": {"calls": n_calls, "stats": assembled.stats.as_json(), "segments": segments}}
     return Captured(n_calls, token_fields(assembled) if assembled.token_ids else text_fields(assembled.turns), info)
 
 

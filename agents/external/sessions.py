@@ -18,11 +18,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sao.agents.records import TurnRecord
 
 from .task import AgentEndpoint
+
+if TYPE_CHECKING:
+    from sao.agents.capture.segments import CaptureStats
 
 
 class AssembledLike(Protocol):
@@ -34,7 +37,7 @@ class AssembledLike(Protocol):
     logprobs: Sequence[float]
     turns: Sequence[TurnRecord]
     segments: Sequence[Any]
-    stats: Any  # a dataclass (the proxy's CaptureStats) or a mapping
+    stats: CaptureStats
 
 
 class CaptureSessionLike(Protocol):

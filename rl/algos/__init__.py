@@ -12,10 +12,11 @@ They differ in exactly two places, which is what the ablations of METHOD.md 1 co
 ``grpo``           G/prompt    (R - mean_group) / std_group (Dr.GRPO: no std)      PPO clip
 ``grpo_dis``       G/prompt    the same group advantage                            DIS
 ``reinforce_mean`` 1/prompt    R - running mean of the last 8 rewards              DIS
+``sft``            1/prompt    none: demonstrations (the warm start)               cross-entropy
 =================  ==========  ==================================================  =========
 
 Each ``algo=`` option has its own typed config (:class:`SAOConfig`, :class:`PPOConfig`, :class:`GRPOConfig`,
-:class:`GRPODISConfig`, :class:`ReinforceMeanConfig`; defined in :mod:`sao.rl.config`, the schema behind
+:class:`GRPODISConfig`, :class:`ReinforceMeanConfig`, :class:`SFTConfig`; defined in :mod:`sao.rl.config`, the schema behind
 ``conf/algo/``, which checks it); ``Class.from_config`` builds the algorithm from its own config and
 :func:`make_algorithm` picks the class by name. The policy losses (:class:`DISLoss`, :class:`PPOClipLoss`,
 :func:`make_loss`) are in ``policy_losses``.
@@ -24,19 +25,21 @@ Each ``algo=`` option has its own typed config (:class:`SAOConfig`, :class:`PPOC
 from __future__ import annotations
 
 from sao.hints import did_you_mean
-from sao.rl.algos.base import Algorithm, CriticAlgorithm, token_advantages
+from sao.rl.algos.base import Algorithm, CriticAlgorithm, LearnsFromDemonstrations, token_advantages
 from sao.rl.algos.grpo import GRPO, GRPOConfig, GRPODISConfig
 from sao.rl.algos.policy_losses import DISLoss, PPOClipLoss, make_loss
 from sao.rl.algos.ppo import PPO, PPOConfig
 from sao.rl.algos.reinforce_mean import ReinforceMean, ReinforceMeanConfig
 from sao.rl.algos.sao import SAO, SAOConfig
+from sao.rl.algos.sft import SFT, CrossEntropyLoss, SFTConfig
 from sao.rl.config import AlgoConfig, ConfigError
 
-__all__ = ["ALGORITHMS", "Algorithm", "CriticAlgorithm", "DISLoss", "GRPO", "GRPOConfig", "GRPODISConfig", "PPO",
-           "PPOClipLoss", "PPOConfig", "ReinforceMean", "ReinforceMeanConfig", "SAO", "SAOConfig", "make_algorithm",
+__all__ = ["ALGORITHMS", "Algorithm", "CriticAlgorithm", "CrossEntropyLoss", "DISLoss", "LearnsFromDemonstrations", "GRPO", "GRPOConfig", "GRPODISConfig", "PPO",
+           "PPOClipLoss", "PPOConfig", "ReinforceMean", "ReinforceMeanConfig", "SAO", "SAOConfig", "SFT", "SFTConfig", "make_algorithm",
            "make_loss", "token_advantages"]
 
-ALGORITHMS: dict[str, type] = {"sao": SAO, "ppo": PPO, "grpo": GRPO, "grpo_dis": GRPO, "reinforce_mean": ReinforceMean}
+ALGORITHMS: dict[str, type] = {"sao": SAO, "ppo": PPO, "grpo": GRPO, "grpo_dis": GRPO, "reinforce_mean": ReinforceMean,
+                             "sft": SFT}
 """Each ``algo=`` option's class; its config is ``sao.rl.config.ALGO_CONFIGS`` under the same name."""
 
 

@@ -51,6 +51,23 @@ def own_config(cfg: AlgoConfig, expected: type[C]) -> C:
     return cfg
 
 
+@runtime_checkable
+class LearnsFromDemonstrations(Protocol):
+    """An algorithm whose batches are a scripted demonstrator's episodes, not the engine's (``algo=sft``):
+    the run builds a demonstration source (:mod:`sao.rl.warm_start`) instead of the rollout driver, and the
+    engine serves only the held-out evaluation."""
+
+    @property
+    def demonstrator(self) -> str:
+        """The demonstrator's name (:data:`sao.rl.warm_start.DEMONSTRATORS`)."""
+        ...
+
+    @property
+    def min_reward(self) -> float:
+        """The reward a demonstration must have earned to be trained on."""
+        ...
+
+
 class Stateless:
     """The checkpoint state of an algorithm that keeps none between steps."""
 

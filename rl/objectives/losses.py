@@ -1,4 +1,5 @@
-"""Policy and value losses: DIS (SAO), PPO clip with clip-higher and dual-clip, off-policy IS weights.
+"""Policy and value losses: DIS (SAO), PPO clip with clip-higher and dual-clip, off-policy IS weights,
+and the warm start's cross-entropy on demonstrations.
 
 Pure functions on torch tensors. Inputs are ``[B, T]`` (a padded batch; any ``[..., T]`` works) with
 ``action_mask`` 1 at action tokens and 0 at prompt, observation and padding tokens. Log-probs are of
@@ -109,6 +110,21 @@ def dis_policy_loss(
             **{"dis/mask_frac": (~keep).float(), "dis/mask_low_frac": (ratio <= 1.0 - eps_low).float(),
                "dis/mask_high_frac": (ratio >= 1.0 + eps_high).float(), "dis/ratio_mean": ratio},
         )
+    return loss, metrics
+
+
+def cross_entropy_loss(
+    logp_new: Tensor, action_mask: Tensor, *, agg: str = "token-mean", normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning on demonstrations, [B, T]: ``loss = -sum_t mask_t * logp_new_t / N`` over the
+    action tokens only (prompt and tool-output tokens have mask 0 and never count, in the loss or in N).
+
+    metrics: ``sft/nll`` (mean negative log-likelihood per action token) and ``sft/token_prob``
+    (mean probability of the demonstrated token)."""
+    act = action_mask.bool()
+    loss = aggregate(torch.where(act, -logp_new, 0.0), act, agg, normalizer=normalizer)
+    with torch.no_grad():
+        metrics = _masked_means(act, **{"sft/nll": -logp_new, "sft/token_prob": logp_new.exp()})
     return loss, metrics
 
 

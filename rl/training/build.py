@@ -26,7 +26,7 @@ from sao.agents.engine import EngineClient, EngineMeter, VLLMServer, VLLMServerC
 from sao.agents.interrupts import quiet_interrupts
 from sao.agents.models import ensure_model
 from sao.envs import resolve
-from sao.rl.algos import make_algorithm
+from sao.rl.algos import LearnsFromDemonstrations, make_algorithm
 from sao.rl.config import (
     TrainConfig,
     activation_checkpointing,
@@ -42,6 +42,7 @@ from sao.rl.learner import (
 from sao.rl.prompts import ScheduledTaskStream
 from sao.rl.rollout import HealthConfig, OrchestratedRollout, Replica
 from sao.rl.training.agent_players import AgentPlayers, agent_players
+from sao.rl.training.early_stop import EarlyStop
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval
 from sao.rl.training.metrics_log import ConsoleSink, MetricsSink
@@ -286,27 +287,62 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], trac
                     client = completions(root)
                     stack.push_async_callback(client.aclose)
                     clients.append(client)
-            dtype = getattr(torch, cfg.model.engine_dtype)
             agents = await stack.enter_async_context(agent_players(cfg, tokenizer, renderer_for, served, run_dir))
             runner = (EpisodeRunner(env_name, renderer_for, loop, env_kwargs(cfg)) if agents is None else
                       agents.episodes(env_name, temperature=loop.temperature, env_kwargs=env_kwargs(cfg)))
-            source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, runner)
-            sync: Any
-            if cfg.rollout.mode == "sync":  # the learner pushes each version into the one engine, and probes it
-                # (2 versions at least: an engine restarted mid-push first reloads the one before, sao.rl.weights.replica_sync)
-                sync = ReplicaWeightSync(WeightSync(
-                    controls[0], RunFiles(run_dir).weights, model_name=served,
-                    keep=max(2, cfg.engine.keep_weight_versions),
-                    warn_gap=cfg.engine.probe_warn_gap, dtype=dtype, offload=thread.run), source)
-            else:  # the learner writes each version; the scheduler decides when each replica loads it
-                sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
-                                       offload=thread.run)
+            source, sync = _source_and_sync(cfg, run_dir, algo, runner, tasks, (engines, clients, controls), served,
+                                            thread, tokenizer, plugin=agents is not None)
+            early = EarlyStop(cfg.eval.patience, run_dir, Path(model_path)) if cfg.eval.patience else None
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
-                              pad_id=pad_id, sinks=sinks, trackers=trackers, tasks=tasks,
+                              pad_id=pad_id, sinks=sinks, trackers=trackers, tasks=tasks, early_stop=early,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir, agents),
                               thread=thread, engine_metrics=StepEngineMetrics(
                                   EngineMeter(controls), speculative=cfg.engine.speculative_config().enabled))
             return await trainer.run()
+
+
+def _source_and_sync(cfg: TrainConfig, run_dir: Path, algo: Any, runner: Any, tasks: Any, parts: tuple[Any, Any, Any],
+                     served: str, thread: TorchThread, tokenizer: Any, *, plugin: bool) -> tuple[Any, Any]:
+    """The trainer's source and weight sync: demonstrations (``algo=sft``: the engine serves the held-out
+    evaluation only) or the rollout driver; the sync pushes into the one engine (``rollout=sync``) or
+    publishes each version for the scheduler. ``plugin``: an agent plug-in plays the episodes (``agent=NAME``)."""
+    engines, clients, controls = parts
+    dtype = getattr(torch, cfg.model.engine_dtype)
+    sync: Any
+    if isinstance(algo, LearnsFromDemonstrations):  # algo=sft: the engine serves the evaluation only
+        if plugin:
+            raise ConfigError(f"algo={cfg.algo.name} plays its demonstrator through the project's loop; "
+                              f"agent={cfg.agent} is not supported with it (use agent=llm)")
+        source = demonstrations(algo, tokenizer, runner, tasks, cfg)
+        sync = WeightSync(controls[0], RunFiles(run_dir).weights, model_name=served,
+                          keep=max(2, cfg.engine.keep_weight_versions), warn_gap=cfg.engine.probe_warn_gap,
+                          dtype=dtype, offload=thread.run)
+    elif cfg.rollout.mode == "sync":  # the learner pushes each version into the one engine, and probes it
+        # (2 versions at least: an engine restarted mid-push first reloads the one before, sao.rl.weights.replica_sync)
+        source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, runner)
+        sync = ReplicaWeightSync(WeightSync(
+            controls[0], RunFiles(run_dir).weights, model_name=served,
+            keep=max(2, cfg.engine.keep_weight_versions),
+            warn_gap=cfg.engine.probe_warn_gap, dtype=dtype, offload=thread.run), source)
+    else:  # the learner writes each version; the scheduler decides when each replica loads it
+        source = _orchestrated(cfg, run_dir, engines, clients, controls, tasks, runner)
+        sync = WeightPublisher(RunFiles(run_dir).weights, keep=cfg.rollout.staleness + 2, dtype=dtype,
+                               offload=thread.run)
+    return source, sync
+
+
+def demonstrations(algo: Any, tokenizer: Any, runner: Any, tasks: Any, cfg: TrainConfig) -> Any:
+    """``algo=sft``'s source: ``algo.demonstrator`` played by a scripted client through ``runner`` (the
+    project's loop on the training env) on ``tasks`` (the run's training stream; sao.rl.warm_start)."""
+    from sao.agents.clients.scripted import ScriptedClient
+    from sao.rl.warm_start import DemonstrationSource, demonstrator
+
+    try:
+        policy = demonstrator(algo.demonstrator)
+    except ValueError as exc:
+        raise ConfigError(f"algo.demonstrator: {exc}") from exc
+    return DemonstrationSource(runner, ScriptedClient(tokenizer, policy), tasks, min_reward=algo.min_reward,
+                               seed=cfg.seed, concurrency=min(cfg.rollout.concurrency, 8))  # 8: sandboxes at once
 
 
 def _following(engines: list[Any], completions: Any) -> tuple[list[Any], list[Any]]:

@@ -9,6 +9,7 @@
         metrics = algo.update(learner, collate(batch))                # the critic's steps, one policy step
         sync(policy, version = step)                                  # save + reload into vLLM (+ probe: engine.probe_every)
         log(step, metrics); checkpoint every `checkpoint_every` steps and at the end
+        eval.patience: after each held-out evaluation, stop when it has not risen for that many (early_stop)
 
 Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
 critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
@@ -40,6 +41,7 @@ from sao.rl.config import TrainConfig
 from sao.rl.errors import TrainError
 from sao.rl.learner import Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
+from sao.rl.training.early_stop import EarlyStop
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval, improvement
 from sao.rl.training.metrics_log import JsonlSink, MetricsSink, MultiSink
@@ -83,6 +85,7 @@ class Trainer:
         heldout: HeldOutEval | None = None,
         thread: TorchThread | None = None,
         engine_metrics: StepEngineMetrics | None = None,
+        early_stop: EarlyStop | None = None,
     ):
         self.cfg, self.files = cfg, RunFiles(Path(run_dir))
         self.learner, self.algo, self.source, self.weight_sync = learner, algo, source, weight_sync
@@ -93,6 +96,7 @@ class Trainer:
         self.heldout = heldout  # held-out accuracy before the first step, every eval.every steps, at the end
         self.thread = thread or TorchThread()  # every torch call of the run happens on this one thread
         self.engine_metrics = engine_metrics  # the replicas' /metrics per step (prefix-cache hits, speculation)
+        self.early_stop = early_stop  # eval.patience: the stop rule on held-out accuracy, and the best model
         self.checkpointer = Checkpointer(self.files.checkpoints, keep=cfg.keep_checkpoints)
         self.state = TrainState(0, 0, 0, {}, {})
         self.records = RunRecords()  # trajectories.jsonl and batches.jsonl while run() runs
@@ -110,6 +114,8 @@ class Trainer:
     async def run(self) -> dict[str, Any]:
         cfg, files = self.cfg, self.files
         state = await self.thread.run(self.prepare)  # a resume loads the learner's tensors
+        if self.early_stop is not None and state.step > 0:
+            self.early_stop.replay(files.eval)
         sinks = [*self.extra_sinks, TrackerSink(self.trackers)]
         sink = MultiSink([JsonlSink(files.metrics), *sinks] if cfg.logger.jsonl else sinks)
         pretrain_sink = JsonlSink(files.pretrain) if self.algo.uses_critic and cfg.value_pretrain_steps else None
@@ -132,7 +138,9 @@ class Trainer:
                 baseline = asyncio.create_task(evaluate(self.heldout, 0, self.trackers))
                 try:
                     await self._pretrain_critic(pretrain_sink)
-                    sink.log(0, await baseline)
+                    first_eval = await baseline
+                    await self._should_stop(0, first_eval)
+                    sink.log(0, first_eval)
                 finally:  # the pretraining failed or was interrupted: stop the evaluation, and
                     baseline.cancel()  # collect its outcome either way (a no-op once it has finished)
                     with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -141,11 +149,18 @@ class Trainer:
                 await self._pretrain_critic(pretrain_sink)
             for step in range(state.step + 1, cfg.max_steps + 1):
                 last = await self._step(step)
-                if step == cfg.max_steps:
+                stop = await self._should_stop(step, last)
+                if step == cfg.max_steps or stop:
                     last |= log_improvement(self.heldout, files.eval)
                 sink.log(step, last)
-                if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                if step % cfg.checkpoint_every == 0 or step == cfg.max_steps or stop:
                     await self.thread.run(self._save, step)
+                if stop:
+                    log.info("stopped at step %d: held-out accuracy has not risen for %d evaluations (eval.patience)",
+                             step, cfg.eval.patience)
+                    break
+            if self.early_stop is not None:
+                log.info("%s", self.early_stop.report())
             finished = True
         finally:
             if isinstance(self.source, ScheduledSource):
@@ -156,6 +171,12 @@ class Trainer:
             self.records.close()
             self.thread.close(wait=finished)  # interrupted: do not wait for an update in hand (TorchThread.close)
         return last
+
+    async def _should_stop(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Whether the stop rule (``eval.patience``) ends the run after ``step``'s evaluation (none: False)."""
+        if self.early_stop is None or "eval/accuracy" not in metrics:
+            return False
+        return await self.thread.run(self.early_stop.observe, step, metrics, self.learner.policy)
 
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.eval.every

@@ -135,7 +135,7 @@ def _write_config(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
                     "added_tokens.json")
 
@@ -149,7 +149,7 @@ def export_engine_model(model: nn.Module, model_dir: Path, folder: Path, *, dtyp
     if (folder / WEIGHTS_FILE).exists() and (folder / "config.json").exists():
         return folder
     tmp = save_checkpoint(model, folder.parent / f".{folder.name}-tmp", 0, keep=1, dtype=dtype)
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         src = Path(model_dir) / name
         if src.exists():
             shutil.copy2(src, tmp / name)
