@@ -139,7 +139,7 @@ class Trainer:
                 try:
                     await self._pretrain_critic(pretrain_sink)
                     first_eval = await baseline
-                    await self._should_stop(0, first_eval)
+                    await should_stop(self.early_stop, self.thread, self.learner, 0, first_eval)
                     sink.log(0, first_eval)
                 finally:  # the pretraining failed or was interrupted: stop the evaluation, and
                     baseline.cancel()  # collect its outcome either way (a no-op once it has finished)
@@ -149,7 +149,7 @@ class Trainer:
                 await self._pretrain_critic(pretrain_sink)
             for step in range(state.step + 1, cfg.max_steps + 1):
                 last = await self._step(step)
-                stop = await self._should_stop(step, last)
+                stop = await should_stop(self.early_stop, self.thread, self.learner, step, last)
                 if step == cfg.max_steps or stop:
                     last |= log_improvement(self.heldout, files.eval)
                 sink.log(step, last)
@@ -171,12 +171,6 @@ class Trainer:
             self.records.close()
             self.thread.close(wait=finished)  # interrupted: do not wait for an update in hand (TorchThread.close)
         return last
-
-    async def _should_stop(self, step: int, metrics: dict[str, Any]) -> bool:
-        """Whether the stop rule (``eval.patience``) ends the run after ``step``'s evaluation (none: False)."""
-        if self.early_stop is None or "eval/accuracy" not in metrics:
-            return False
-        return await self.thread.run(self.early_stop.observe, step, metrics, self.learner.policy)
 
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.eval.every
@@ -267,6 +261,14 @@ class Trainer:
     def _save(self, step: int) -> None:
         path = self.checkpointer.save(self.learner, self.state)
         log.info("checkpoint %s (step %d)", path, step)
+
+
+async def should_stop(early_stop: EarlyStop | None, thread: TorchThread, learner: Learner, step: int,
+                      metrics: dict[str, Any]) -> bool:
+    """Whether the stop rule (``eval.patience``) ends the run after ``step``'s evaluation (none: False)."""
+    if early_stop is None or "eval/accuracy" not in metrics:
+        return False
+    return await thread.run(early_stop.observe, step, metrics, learner.policy)
 
 
 def check_rollout(rollout: Any, step: int, trajectories: Path) -> None:
