@@ -12,6 +12,7 @@ from importlib import resources
 
 from omegaconf import OmegaConf
 
+from sao.rl.cli.group_overrides import group_overrides
 from sao.rl.config import ALGO_CONFIGS, algo_options, unknown_option
 from sao.rl.errors import ConfigError
 
@@ -34,17 +35,10 @@ def check_overrides(argv: list[str]) -> None:
     command line picks (``algo=a``, a sweep ``algo=a,b``, or the default). Raises :class:`ConfigError`
     naming the options the algorithm has. Names no schema knows (an unknown option, a config folder
     added with ``hydra.searchpath``) and sweep functions are left to Hydra."""
-    names: list[str] | None = None
-    options: list[str] = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if not sep or arg.startswith("-"):
-            continue
-        if key == GROUP:
-            names = [] if _NOT_PLAIN & set(value) else [v.strip() for v in value.split(",")]
-        elif key.startswith(f"{GROUP}."):
-            options.append(key.split(".")[1])
+    given = group_overrides(argv, GROUP)
+    value = given.choice
+    names = None if value is None else [] if _NOT_PLAIN & set(value) else [v.strip() for v in value.split(",")]
+    options = [key.split(".")[1] for key, _ in given.settings]
     if not options:
         return
     for name in names if names is not None else [default_algo()]:

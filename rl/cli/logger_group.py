@@ -9,6 +9,7 @@ line first and stops such a run with one line that says what to write.
 
 from __future__ import annotations
 
+from sao.rl.cli.group_overrides import group_overrides
 from sao.rl.errors import ConfigError
 
 GROUP = "logger"
@@ -24,17 +25,9 @@ def selected(value: str) -> list[str]:
 def check_overrides(argv: list[str]) -> None:
     """Raises :class:`ConfigError` for ``logger.TRACKER=true|false`` and for ``logger.TRACKER.KEY=...`` when
     the command line (or the default, ``[tensorboard]``) does not select TRACKER."""
-    chosen: list[str] = list(DEFAULT)
-    settings: list[tuple[str, str]] = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if not sep or arg.startswith("-"):
-            continue
-        if key == GROUP:
-            chosen = selected(value)
-        elif key.startswith(f"{GROUP}.") and key.split(".")[1] in TRACKERS:
-            settings.append((key, value))
+    given = group_overrides(argv, GROUP)
+    chosen = list(DEFAULT) if given.choice is None else selected(given.choice)
+    settings = [(key, value) for key, value in given.settings if key.split(".")[1] in TRACKERS]
     for key, value in settings:
         tracker = key.split(".")[1]
         if key.count(".") == 1:
