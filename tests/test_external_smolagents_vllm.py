@@ -16,18 +16,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.faults.procs import SAO_TRAIN, jsonl
+from tests.faults.procs import SAO_EVAL, SAO_TRAIN, jsonl
 from tests.test_engine import require_vllm
 from tests.test_external_swe_vllm import COUNTED, check_captured
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.part("sao-eval", "sao-train")]
 
-SAO_EVAL = str(Path(sys.executable).with_name("sao-eval"))
 # smolagents' system prompt with its two tools is about 2,000 of the bundled model's tokens: a 4,096 context,
 # 3 calls of at most 96 tokens
 ROOM = ("--max-model-len", "4096", "--max-tokens-per-turn", "96", "--agent-steps", "3")
