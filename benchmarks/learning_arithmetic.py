@@ -1,6 +1,6 @@
 """SAO vs GRPO with DIS vs GRPO on generated arithmetic: held-out accuracy at equal samples. Not in CI.
 
-    .venv/bin/python benchmarks/learning_arithmetic.py [--budget 160] [--seeds 1,2,3] [--algos sao,grpo_dis,grpo]
+    .venv/bin/python benchmarks/learning_arithmetic.py [--budget 432] [--seeds 1,2,3,4,5] [--algos sao,grpo_dis]
         [--lora] [--eval-problems N] [--out runs/learning_arithmetic] [--set KEY=VALUE ...]
 
 What runs. Every run is ``sao-train``'s composed default configuration (Hydra compose of
@@ -40,6 +40,11 @@ and at the last step; x is the trajectories seen at that point (critic batches i
   overlap (a small problem space: 1-digit arithmetic has about 80 distinct test problems, the
   same for every seed), counts the same problem more than once, so it understates. With one
   seed only the pooled (= that run's paired) interval exists.
+- Per algorithm, how many seeds *collapsed*: a later held-out evaluation more than 10 points below the
+  run's own first (``learning_stats.collapsed``; a dip counts even if the run recovers).
+- The *paired difference* of the first algorithm's improvement minus each other's, seed by seed (the same
+  seed gives both the same held-out problems and prompt order): its mean with a t-interval over seeds,
+  and beside it a normal interval over the pooled per-problem differences (``learning_stats.arm_difference``).
 - With ``--lora``: the time (training only: rollouts, updates and syncs, evaluations excluded;
   mean over seeds) until the mean improvement first reaches full fine-tuning SAO's final mean
   improvement, or "not reached"; peak RSS and mean ``perf/sync_s``, LoRA against full.
@@ -47,9 +52,10 @@ and at the last step; x is the trajectories seen at that point (critic batches i
   training panels (reward, losses, DIS mask, ...) against trajectories, per algorithm.
 
 Sizing (defaults, 2 cores): about 16 s per batch of 8 and 40 s per evaluation of 200 problems
-(measured on 2026-12 runs); 160 trajectories = 20 batches, evaluations at steps 0, 5, 10, 15 and
-the last (5 points): about 9 min a run, 9 runs plus the engine's start about 82 min. The script
-prints its own estimate from these figures before it starts.
+(measured on 2026-12 runs); 432 trajectories (3x the main job's 144) = 54 batches, 5 evaluations:
+about 18 min a run, 10 runs about 3 h, so the benchmark spans sessions: the per-run folders under
+``--out`` (keep them outside the checkout) are what it resumes from. The script prints its own estimate
+from these figures before it starts.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import queue
 import shutil
 import sys
@@ -72,7 +79,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from learning_stats import CurvePoint, Improvement, curve, improvement_stats, paired_lists, t_interval, t_quantile  # noqa: F401
+from learning_stats import (COLLAPSE_DROP, CurvePoint, Improvement, arm_difference, collapsed, curve,  # noqa: F401
+                            improvement_stats, paired_lists, t_interval, t_quantile)
 from sao.rl.training.heldout import Interval, load_results
 
 log = logging.getLogger("learning_arithmetic")
@@ -221,12 +229,27 @@ class Job:
     wall_s: float = 0.0  # over all attempts, read back from bench.json
 
 
+def read_bench(path: Path) -> dict[str, Any]:
+    """A run's ``bench.json`` (wall time over its attempts); a missing or torn one (a benchmark stopped while
+    writing it, before writes were atomic) counts as no attempt, with a warning: the run's own files decide
+    whether it finished."""
+    empty = {"wall_s": 0.0, "attempts": 0}
+    if not path.is_file():
+        return empty
+    try:
+        data = json.loads(path.read_text())
+        return {**empty, **data} if isinstance(data, dict) else empty
+    except json.JSONDecodeError:
+        log.warning("%s is torn; its wall time is not counted", path)
+        return empty
+
+
 def run_job(job: Job, base_url: str, deadline: float, console: Console) -> None:
     """Train one run in its own process (or reuse it); record the wall time in RUN_DIR/bench.json."""
     cfg = replace(job.cfg, engine=replace(job.cfg.engine, base_url=base_url))
     state = check_folder(job.run_dir, cfg)
     bench = job.run_dir / "bench.json"
-    prior = json.loads(bench.read_text()) if bench.is_file() else {"wall_s": 0.0, "attempts": 0}
+    prior = read_bench(bench)
     if state == "finished":
         job.status, job.wall_s = "finished", prior["wall_s"]
         console.print(f"[dim]{job.run_dir}: already finished, reused[/dim]")
@@ -253,8 +276,9 @@ def run_job(job: Job, base_url: str, deadline: float, console: Console) -> None:
     wall = time.monotonic() - started
     job.wall_s = prior["wall_s"] + wall
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    bench.write_text(json.dumps({"wall_s": job.wall_s, "attempts": prior["attempts"] + 1,
-                                 "exit_code": proc.exitcode}) + "\n")
+    tmp = bench.with_suffix(".json.tmp")  # whole or not at all: the benchmark may be stopped at any point
+    tmp.write_text(json.dumps({"wall_s": job.wall_s, "attempts": prior["attempts"] + 1, "exit_code": proc.exitcode}) + "\n")
+    os.replace(tmp, bench)
     if last_step(job.run_dir) >= cfg.max_steps:
         job.status = "finished"
     else:
@@ -422,7 +446,7 @@ def report(jobs: list[Job], args: argparse.Namespace, wall: float, console: Cons
     table = Table(title=f"held-out improvement (last - first accuracy), budget {args.budget} trajectories")
     for col, justify in (("algo", "left"), ("seeds", "right"), ("first acc", "right"), ("last acc", "right"),
                          ("Δ mean [95% t over seeds]", "right"), ("Δ pooled paired [95%]", "right"),
-                         ("Δ per seed", "right"), ("wall per run", "right"), ("peak RSS", "right"),
+                         ("Δ per seed", "right"), ("collapsed", "right"), ("wall per run", "right"), ("peak RSS", "right"),
                          ("sync", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     summary: dict[str, Any] = {}
@@ -431,9 +455,10 @@ def report(jobs: list[Job], args: argparse.Namespace, wall: float, console: Cons
         imp = improvement_stats([r.evals for r in runs])
         walls = [r.job.wall_s for r in runs]
         seeds = ",".join(f"{r.job.seed}{'' if r.job.status == 'finished' else '*'}" for r in runs)
+        fell = [r.job.seed for r in runs if collapsed(r.evals)]
         table.add_row(label, seeds, f"{points[0].mean:.3f}" if points else "-", f"{points[-1].mean:.3f}" if points else "-",
                       fmt(imp.over_seeds) if imp else "-", fmt(imp.pooled) if imp else "-",
-                      " ".join(f"{d:+.3f}" for d in imp.per_seed) if imp else "-",
+                      " ".join(f"{d:+.3f}" for d in imp.per_seed) if imp else "-", f"{len(fell)} of {len(runs)}",
                       f"{sum(walls) / len(walls) / 60:.1f} min", f"{max(r.rss_gb for r in runs):.2f} GB",
                       f"{sum(r.sync_s for r in runs) / len(runs):.2f} s")
         summary[label] = {
@@ -448,8 +473,11 @@ def report(jobs: list[Job], args: argparse.Namespace, wall: float, console: Cons
             "improvement": None if imp is None else {
                 "per_seed": list(imp.per_seed), "t_over_seeds": interval_json(imp.over_seeds),
                 "pooled_paired": interval_json(imp.pooled)},
+            "collapsed_seeds": fell,
         }
     console.print(table)
+    console.print(f"collapsed: a later held-out evaluation more than {COLLAPSE_DROP * 100:.0f} points below the run's first")
+    differences = report_differences(by_arm, console)
     if any(j.status != "finished" for j in jobs):
         console.print("[yellow]* unfinished run: its last evaluation so far is used[/yellow]")
 
@@ -492,8 +520,32 @@ def report(jobs: list[Job], args: argparse.Namespace, wall: float, console: Cons
                         "engine_dtype": base.model.engine_dtype, "eval_problems": args.eval_problems or base.eval.problems},
            "intervals": {"curve": "pooled Wilson over seeds x problems",
                          "improvement": "t over seeds (headline); pooled paired differences (beside it)"},
-           "wall_s": wall, "status": status, "algos": summary, "lora": lora}
+           "wall_s": wall, "status": status, "algos": summary, "differences": differences, "lora": lora}
     (args.out / "summary.json").write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def report_differences(by_arm: dict[str, list[RunData]], console: Console) -> dict[str, Any]:
+    """The first arm's improvement minus each other arm's, paired by seed (:func:`learning_stats.arm_difference`)."""
+    labels = [label for label in by_arm if label != "sao+lora"]
+    if len(labels) < 2:
+        return {}
+    table = Table(title=f"paired difference of improvements, {labels[0]} - other (same seed, same problems)")
+    for col in ("pair", "seeds", "per seed", "mean [95% t over seeds]", "pooled per problem [95%]"):
+        table.add_column(col, justify="left" if col == "pair" else "right")
+    out: dict[str, Any] = {}
+    first = {r.job.seed: r.evals for r in by_arm[labels[0]]}
+    for other in labels[1:]:
+        d = arm_difference(first, {r.job.seed: r.evals for r in by_arm[other]})
+        name = f"{labels[0]} - {other}"
+        if d is None:
+            table.add_row(name, "0", "-", "-", "-")
+            continue
+        table.add_row(name, ",".join(map(str, d.seeds)), " ".join(f"{x:+.3f}" for x in d.per_seed),
+                      fmt(d.over_seeds), fmt(d.pooled))
+        out[name] = {"seeds": list(d.seeds), "per_seed": list(d.per_seed),
+                     "t_over_seeds": interval_json(d.over_seeds), "pooled_per_problem": interval_json(d.pooled)}
+    console.print(table)
     return out
 
 
@@ -512,9 +564,10 @@ def estimate_s(arms: list[Arm], seeds: list[int], lora_seeds: list[int], args: a
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default="sao,grpo_dis,grpo")
-    parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--budget", type=int, default=160, help="trajectories per run (critic batches included)")
+    parser.add_argument("--algos", default="sao,grpo_dis")
+    parser.add_argument("--seeds", default="1,2,3,4,5")
+    parser.add_argument("--budget", type=int, default=432,
+                        help="trajectories per run, critic batches included (432: 3x the main job's 16 x 8 + 2 x 8)")
     parser.add_argument("--group", type=int, default=4, help="GRPO samples per prompt (0: the algo's default)")
     parser.add_argument("--pretrain", type=int, default=None,
                         help="SAO critic-only batches (inside the budget); default: the composed value_pretrain_steps")
@@ -550,7 +603,7 @@ def main() -> int:
     if args.report_only:
         for job in jobs:
             bench = job.run_dir / "bench.json"
-            job.wall_s = json.loads(bench.read_text())["wall_s"] if bench.is_file() else 0.0
+            job.wall_s = read_bench(bench)["wall_s"]
             job.status = "finished" if last_step(job.run_dir) >= job.cfg.max_steps else "unfinished"
         wall = sum(job.wall_s for job in jobs)
         report(jobs, args, wall, console)

@@ -94,3 +94,57 @@ def improvement_stats(runs: Sequence[dict[int, dict[str, bool]]]) -> Improvement
     before = [x for b, _ in pairs for x in b]
     after = [x for _, a in pairs for x in a]
     return Improvement(per_seed, t_interval(per_seed), paired_difference(before, after))
+
+
+COLLAPSE_DROP = 0.10  # issue "8 of 9": collapse = held-out accuracy more than 10 points below the run's own start
+
+
+def collapsed(results: dict[int, dict[str, bool]], drop: float = COLLAPSE_DROP) -> bool:
+    """Whether any evaluation after the first fell more than ``drop`` below the first (the run's own
+    start), on the problems both share. A run with one evaluation has not collapsed (yet)."""
+    if len(results) < 2:
+        return False
+    first = results[min(results)]
+    for step in sorted(results)[1:]:
+        shared = set(first) & set(results[step])
+        if shared and (sum(results[step][t] for t in shared) - sum(first[t] for t in shared)) / len(shared) < -drop:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class ArmDifference:
+    """Improvement of arm A minus that of arm B, seed by seed (the same seed: the same held-out problems,
+    the same prompt order), with a t-interval over seeds (the headline) and, beside it, a normal interval
+    over the pooled per-problem differences ``(a_last - a_first) - (b_last - b_first)``."""
+
+    seeds: tuple[int, ...]
+    per_seed: tuple[float, ...]
+    over_seeds: Interval
+    pooled: Interval
+
+
+def arm_difference(a: dict[int, dict[int, dict[str, bool]]], b: dict[int, dict[int, dict[str, bool]]]
+                   ) -> ArmDifference | None:
+    """``a`` and ``b`` map seed -> a run's records. Only the seeds where both runs have two evaluations
+    count, and per seed only the problems all four evaluations share. None when no seed counts."""
+    seeds, per_seed, pooled = [], [], []
+    for seed in sorted(set(a) & set(b)):
+        ra, rb = a[seed], b[seed]
+        if len(ra) < 2 or len(rb) < 2:
+            continue
+        ends = (ra[min(ra)], ra[max(ra)], rb[min(rb)], rb[max(rb)])
+        shared = sorted(set.intersection(*(set(e) for e in ends)))
+        if not shared:
+            continue
+        d = [(ends[1][t] - ends[0][t]) - (ends[3][t] - ends[2][t]) for t in shared]
+        seeds.append(seed)
+        per_seed.append(sum(d) / len(d))
+        pooled += d
+    if not seeds:
+        return None
+    n = len(pooled)
+    mean = sum(pooled) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in pooled) / (n - 1)) if n > 1 else math.nan
+    half = 1.959963984540054 * sd / math.sqrt(n)
+    return ArmDifference(tuple(seeds), tuple(per_seed), t_interval(per_seed), Interval(mean, mean - half, mean + half))

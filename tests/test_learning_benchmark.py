@@ -74,3 +74,36 @@ def test_time_to_reach_and_the_budget_arithmetic():
     assert bench.trajectories_seen(5, 8, 2) == 56 and bench.trajectories_seen(0, 8, 2) == 0
     # 20 batches, 5 points: every ceil(20 / 4) = 5 -> steps 0, 5, 10, 15, 20
     assert bench.eval_every(20, 5) == 5 and bench.eval_every(2, 5) == 1
+
+
+def test_collapse_is_a_later_evaluation_more_than_10_points_below_the_start():
+    stats = load("learning_stats")
+    start = {f"t{i}": i < 5 for i in range(10)}  # 0.5
+    down_10 = {f"t{i}": i < 4 for i in range(10)}  # 0.4: exactly 10 points, not more
+    down_20 = {f"t{i}": i < 3 for i in range(10)}  # 0.3
+    assert not stats.collapsed({0: start, 5: down_10, 10: start})
+    assert stats.collapsed({0: start, 5: down_20, 10: start})  # a dip counts, even if the run recovers
+    assert not stats.collapsed({0: start})
+    assert not stats.collapsed({0: down_20, 5: start})
+
+
+def test_arm_difference_pairs_seeds_and_problems():
+    stats = load("learning_stats")
+    # seed 1: A goes t1 F->T, t2 F->F (+0.5); B t1 F->F, t2 F->F (0)  -> per-problem d = (+1, 0), seed +0.5
+    # seed 2: A t1 T->T, t2 T->F (-0.5); B t1 F->T, t2 T->T (+0.5)    -> d = (0 - 1, -1 - 0) = (-1, -1), seed -1.0
+    # seed 3 only in A: left out
+    a = {1: {0: {"t1": False, "t2": False}, 9: {"t1": True, "t2": False}},
+         2: {0: {"t1": True, "t2": True}, 9: {"t1": True, "t2": False}},
+         3: {0: {"t1": True}, 9: {"t1": True}}}
+    b = {1: {0: {"t1": False, "t2": False}, 9: {"t1": False, "t2": False}},
+         2: {0: {"t1": False, "t2": True}, 9: {"t1": True, "t2": True}}}
+    d = stats.arm_difference(a, b)
+    assert d.seeds == (1, 2) and d.per_seed == (0.5, -1.0)
+    # over seeds: mean -0.25, sd = sqrt((0.5625 + 0.5625) / 1) = 1.0607, half = 12.706 * 1.0607 / sqrt(2) = 9.530
+    assert d.over_seeds.value == pytest.approx(-0.25)
+    assert d.over_seeds.high == pytest.approx(-0.25 + 9.530, abs=1e-3)
+    # pooled d = (1, 0, -1, -1): mean -0.25, sd = sqrt((1.5625 + 0.0625 + 0.5625 * 2) / 3) = 0.9574,
+    # half = 1.96 * 0.9574 / 2 = 0.9383
+    assert d.pooled.value == pytest.approx(-0.25)
+    assert d.pooled.low == pytest.approx(-0.25 - 0.9383, abs=1e-3)
+    assert stats.arm_difference(a, {}) is None
