@@ -15,13 +15,13 @@ each trajectory's first action token (:mod:`sao.rl.learner.explained_variance`),
 One run of a setting gives all its checkpoints: the first 2 batches of a 32-batch run are a 2-batch
 run's.
 
-Settings (``--settings``, comma-separated names of :data:`SETTINGS`) vary the value lr, its warm-up,
+Settings (``--settings``, comma-separated names of :data:`SETTINGS`, or names joined by ``+``) vary the value lr, its warm-up,
 the TTUR ratio K and frozen attention; every other value is the main job's (conf/config.yaml).
 
 Also printed: the ceiling of first-token explained variance. The value at the first action token
-has seen only the prompt, so at best it predicts each prompt's success rate; where the saved run
-sampled a prompt several times (GRPO groups), the leave-one-out mean of a prompt's other samples is
-such a predictor, and its explained variance bounds what a critic can reach there on these data.
+has seen only the prompt, so at best it predicts each prompt's success rate. Where the saved run
+sampled a prompt several times (GRPO groups), the share of the reward variance that lies between
+prompts (:func:`first_token_ceiling`) estimates what a critic can reach there on these data.
 
 Without saved trajectories, ``--synthetic N`` makes N labelled synthetic episodes (reward 1 when the
 prompt's first token is even): a check of the machinery, not a measurement of the task.
@@ -48,6 +48,7 @@ from learner_bench import build, compose  # noqa: E402  (benchmarks/ is not a pa
 SETTINGS: dict[str, list[str]] = {
     "default": [],
     "warmup0": ["optim.value_warmup_steps=0"],
+    "lr1e-5": ["optim.value_lr=1e-5"],
     "lr5e-5": ["optim.value_lr=5e-5"],
     "lr5e-4": ["optim.value_lr=5e-4"],
     "lr1e-3": ["optim.value_lr=1e-3"],
@@ -56,6 +57,11 @@ SETTINGS: dict[str, list[str]] = {
     "unfrozen": ["algo.freeze_value_attention=false"],
     "noclip": ["algo.value_clip=null"],
 }
+
+
+def overrides(setting: str) -> list[str]:
+    """The overrides of ``setting``: a name of :data:`SETTINGS`, or names joined by ``+`` (``lr5e-5+k4``)."""
+    return [o for part in setting.split("+") for o in SETTINGS[part]]
 
 
 @dataclass(frozen=True)
@@ -108,24 +114,23 @@ def split(trajectories: list[Any], held_out: float) -> tuple[list[Any], list[Any
 
 
 def first_token_ceiling(trajectories: list[Any]) -> tuple[float, int]:
-    """Explained variance of each reward by the leave-one-out mean reward of its prompt's other
-    samples (prompts sampled at least twice), and how many episodes that covers."""
-    import torch
-
-    from sao.rl.learner import explained_variance
+    """The share of the reward variance that lies between prompts, over the prompts sampled at least
+    twice, and how many episodes that covers: what a critic that knew each prompt's success rate would
+    explain at the first action token. One-way ANOVA: the spread of the prompts' mean rewards, less the
+    sampling noise in those means (each prompt's variance over its samples / their number)."""
+    import statistics
 
     by_task: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         by_task[t.task_id].append(t.reward)
-    pred, target = [], []
-    for rewards in by_task.values():
-        if len(rewards) < 2:
-            continue
-        total = sum(rewards)
-        for r in rewards:
-            pred.append((total - r) / (len(rewards) - 1))
-            target.append(r)
-    return explained_variance(torch.tensor(pred), torch.tensor(target)), len(target)
+    groups = [rewards for rewards in by_task.values() if len(rewards) >= 2]
+    rewards = [r for g in groups for r in g]
+    if len(rewards) < 2 or statistics.pvariance(rewards) < 1e-8:
+        return float("nan"), len(rewards)
+    mean = statistics.fmean(rewards)
+    between = sum(len(g) * (statistics.fmean(g) - mean) ** 2 for g in groups) / len(rewards)
+    noise = sum(statistics.variance(g) for g in groups) / len(rewards)
+    return (between - noise) / statistics.pvariance(rewards), len(rewards)
 
 
 def score(algo: Any, learner: Any, batch: Any) -> tuple[float, float, float, float]:
@@ -145,7 +150,7 @@ def fit_setting(name: str, fit: list[Any], held: Any, args: argparse.Namespace) 
     """Pretrain a fresh value model with setting ``name``; score it after each checkpoint."""
     from sao.rl.learner import collate
 
-    cfg = compose([f"seed={args.seed}", f"batch_size={args.batch_size}", *SETTINGS[name]])
+    cfg = compose([f"seed={args.seed}", f"batch_size={args.batch_size}", *overrides(name)])
     algo, learner = build(cfg)
     rng = random.Random(args.seed)
     order: list[Any] = []
@@ -164,7 +169,8 @@ def fit_setting(name: str, fit: list[Any], held: Any, args: argparse.Namespace) 
         if n in args.checkpoints:
             ev, ev_first, mse, mean = score(algo, learner, held)
             scores.append(Score(name, n, ev, ev_first, mse, mean, t_train))
-            print(f"  {name}: {n} batches ({t_train:.0f} s): EV {ev:+.3f}, first {ev_first:+.3f}, mse {mse:.4f}",
+            print(f"  {name}: {n} batches ({t_train:.0f} s): EV {ev:+.3f}, first {ev_first:+.3f}, mse {mse:.4f}, "
+                  f"mean value {mean:+.3f}",
                   flush=True)
     return scores
 
@@ -186,8 +192,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trajectories", nargs="*", type=Path, help="trajectories.jsonl files of sao-train runs")
     p.add_argument("--synthetic", type=int, default=0, help="N labelled synthetic episodes instead (no saved run)")
-    p.add_argument("--settings", default="default,warmup0,lr5e-4,k4,unfrozen",
-                   help=f"comma-separated, of: {', '.join(SETTINGS)}")
+    p.add_argument("--settings", default="default,lr5e-5,lr1e-5,k4,warmup0",
+                   help=f"comma-separated, each a name or names joined by '+', of: {', '.join(SETTINGS)}")
     p.add_argument("--checkpoints", default="2,8,16,32", help="numbers of pretraining batches to score at")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per pretraining batch (the main job's)")
     p.add_argument("--held-out", type=float, default=0.25, help="share of the tasks held out")
@@ -199,7 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
     args.settings = args.settings.split(",")
-    unknown = [s for s in args.settings if s not in SETTINGS]
+    unknown = [s for s in args.settings if any(part not in SETTINGS for part in s.split("+"))]
     if unknown or not (args.trajectories or args.synthetic):
         p.error(f"unknown settings {unknown}" if unknown else "give trajectories.jsonl files or --synthetic N")
     return args
@@ -227,11 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {source}\n{len(fit)} fit episodes ({len({t.task_id for t in fit})} tasks, mean reward "
           f"{sum(t.reward for t in fit) / len(fit):.3f}, {tokens:.0f} action tokens each), {len(held)} held-out "
           f"({len({t.task_id for t in held})} tasks, mean reward {sum(t.reward for t in held) / len(held):.3f})")
-    print(f"first-token EV ceiling on the held-out set (leave-one-out prompt mean, {covered} episodes): {ceiling:+.3f}")
+    print(f"first-token EV ceiling on the held-out set (variance between prompts, {covered} episodes): {ceiling:+.3f}")
     held_batch = collate(held, args.pad_id).sorted_by_length()
     scores: list[Score] = []
     for name in args.settings:
-        print(f"setting {name}: {' '.join(SETTINGS[name]) or '(the main job)'}", flush=True)
+        print(f"setting {name}: {' '.join(overrides(name)) or '(the main job)'}", flush=True)
         scores += fit_setting(name, fit, held_batch, args)
         if args.json:  # after each setting: a long grid stopped part-way keeps what it measured
             args.json.write_text(json.dumps([s.__dict__ for s in scores], indent=1) + "\n")
