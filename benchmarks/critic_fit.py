@@ -49,6 +49,7 @@ SETTINGS: dict[str, list[str]] = {
     "default": [],
     "warmup0": ["optim.value_warmup_steps=0"],
     "lr1e-5": ["optim.value_lr=1e-5"],
+    "lr3e-5": ["optim.value_lr=3e-5"],
     "lr5e-5": ["optim.value_lr=5e-5"],
     "lr5e-4": ["optim.value_lr=5e-4"],
     "lr1e-3": ["optim.value_lr=1e-3"],
@@ -77,13 +78,15 @@ class Score:
     train_s: float
 
 
-def load(paths: list[Path]) -> list[Any]:
-    """The trainable, finished episodes of the given trajectories.jsonl files."""
+def load(paths: list[Path], pretraining_only: bool = False) -> list[Any]:
+    """The trainable, finished episodes of the given trajectories.jsonl files; with ``pretraining_only``
+    those sampled for the critic's pretraining (``rollout.train_step`` 0: the initial policy's)."""
     from sao.agents.store import read_trajectories
 
     out = []
     for path in paths:
-        out += [t for t in read_trajectories(path) if t.status == "ok" and t.trainable and any(t.action_mask)]
+        out += [t for t in read_trajectories(path) if t.status == "ok" and t.trainable and any(t.action_mask)
+                and not (pretraining_only and (t.rollout is None or t.rollout.train_step != 0))]
     return out
 
 
@@ -191,6 +194,8 @@ def table(scores: list[Score]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trajectories", nargs="*", type=Path, help="trajectories.jsonl files of sao-train runs")
+    p.add_argument("--pretraining-only", action="store_true",
+                   help="only the episodes sampled for the critic's pretraining (rollout.train_step 0)")
     p.add_argument("--synthetic", type=int, default=0, help="N labelled synthetic episodes instead (no saved run)")
     p.add_argument("--settings", default="default,lr5e-5,lr1e-5,k4,warmup0",
                    help=f"comma-separated, each a name or names joined by '+', of: {', '.join(SETTINGS)}")
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     source = "SYNTHETIC (labelled; not a measurement of the task)" if args.synthetic else \
         ", ".join(map(str, args.trajectories))
-    episodes = synthetic(args.synthetic, args.seed) if args.synthetic else load(args.trajectories)
+    episodes = synthetic(args.synthetic, args.seed) if args.synthetic else load(args.trajectories, args.pretraining_only)
     fit, held = split(episodes, args.held_out)
     if args.max_fit:
         fit = fit[:args.max_fit]
