@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -287,9 +288,11 @@ def test_task_stream_is_deterministic_and_resumable(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("algo", ["sao", "ppo", "grpo", "grpo_dis", "reinforce_mean"])
-def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, server: FakeServer) -> None:
+def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, server: FakeServer,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     engine = FakeEngine()
-    trainer = run(config(algo, max_steps=2, keep_checkpoints=1), tmp_path, server, engine)
+    with caplog.at_level(logging.INFO, logger="sao.rl.training.trainer"):
+        trainer = run(config(algo, max_steps=2, keep_checkpoints=1), tmp_path, server, engine)
     rows = lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -299,6 +302,7 @@ def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, ser
         assert 0.0 <= r["reward/mean"] <= 1.0
         critic = ALGORITHMS[algo].uses_critic
         assert (r["loss/value"] is not None) == critic
+        assert ("value/explained_var_first" in r) == critic  # a number, or null where the returns were all equal
         assert (r["dis/mask_frac"] is not None) == (config(algo).algo.loss == "dis")
     assert engine.version == "2"
     assert engine.calls.count("pause") == 3  # the initial sync (version 0) and one per step
@@ -312,6 +316,10 @@ def test_every_algorithm_writes_the_contract_keys(algo: str, tmp_path: Path, ser
     assert all(turn["policy_versions"] == {"first": (v := max(t["rollout"]["train_step"] - 1, 0)), "last": v}
                for t in trajectories for turn in t["turns"])
     assert trainer.state.step == 2
+    # the run's end logs the critic's explained variance over the run (sao.rl.training.critic_summary)
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("critic: ")]
+    assert len(summaries) == (2 if ALGORITHMS[algo].uses_critic else 0)
+    assert all("second half (steps 2-2)" in m and "last 8 (steps 1-2)" in m for m in summaries)
 
 
 def test_resume_is_exact(tmp_path: Path, server: FakeServer) -> None:

@@ -16,7 +16,7 @@ from torch import Tensor
 from sao.rl.algos.base import Stateless, own_config
 from sao.rl.algos.policy_losses import make_loss
 from sao.rl.config import AlgoConfig, PPOConfig, SAOConfig
-from sao.rl.learner import Batch, Learner, explained_variance
+from sao.rl.learner import Batch, Learner, explained_variance, first_action_explained_variance
 from sao.rl.objectives import adaptive_lambda, gae_action_tokens, token_rewards
 
 __all__ = ["SAO", "SAOConfig"]
@@ -54,12 +54,15 @@ class SAO(Stateless):
     def critic_steps(self, learner: Learner, batch: Batch) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
         """``ttur_k`` value steps on one target and one clipping anchor, both from the values before the
         first step (taken in that step's forward pass). Returns the metrics (with the explained
-        variance of those values) and the values."""
+        variance of those values, pooled over action tokens and at each row's first action token; NaN
+        where the returns are all equal) and the values."""
         metrics, values = learner.first_value_step(batch, lambda mb, v, last: self.with_critic_targets(
             learner, mb, (v, last)))
         batch = self.with_critic_targets(learner, batch, values)
         act = batch.action_mask.bool()
         metrics["value/explained_var"] = explained_variance(batch.old_values[act], batch.returns[act])
+        metrics["value/explained_var_first"] = first_action_explained_variance(batch.old_values, batch.returns,
+                                                                               batch.action_mask)
         for _ in range(self.config.ttur_k - 1):
             metrics |= learner.value_step(batch)
         return metrics, values

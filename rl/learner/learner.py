@@ -394,13 +394,3 @@ class Learner:
                 "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
                 "policy/action_tokens": tokens}
 
-
-def explained_variance(predicted: Tensor, target: Tensor) -> float:
-    """``1 - Var(target - predicted) / Var(target)``: 1 is perfect, 0 is no better than the mean,
-    negative is worse. NaN when the target has no variance (e.g. every reward equal)."""
-    if target.numel() < 2:
-        return float("nan")
-    var = target.float().var()
-    if float(var) < 1e-8:  # (near-)constant targets, e.g. every reward 0: the ratio means nothing
-        return float("nan")
-    return float(1.0 - (target.float() - predicted.float()).var() / var)

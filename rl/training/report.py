@@ -7,8 +7,10 @@ Reads each run's ``metrics.jsonl`` and draws one panel per metric that some run 
 accuracy, policy and value losses, the DIS mask fraction, the value model's explained variance,
 the train-vs-rollout log-prob gap, sync time, and staleness or per-family reward when present.
 The x axis is the policy step, or the number of trajectories trained on (``--x samples``), which
-puts algorithms with different batch shapes on one scale. Runs that share a label (``--label
-algo`` takes it from each run's ``config.json``) are averaged, with their min-max as a band.
+puts algorithms with different batch shapes on one scale. Runs that share a label (``--label algo``
+takes it from each run's ``config.json``) are averaged, with their min-max as a band. For each run
+with a critic it prints the mean explained variance over the defined steps
+(:mod:`sao.rl.training.critic_summary`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.rl.errors import ReportError
+from sao.rl.training.critic_summary import critic_summary
 
 PANELS = (
     ("reward/mean", "reward (mean)"),
@@ -30,6 +33,7 @@ PANELS = (
     ("loss/value", "value loss"),
     ("dis/mask_frac", "DIS mask fraction"),
     ("value/explained_var", "value explained variance"),
+    ("value/explained_var_first", "value EV, first action token"),
     ("rollout/logprob_gap", "|logp train - logp rollout|"),
     ("rollout/staleness_max", "staleness (max)"),
     ("rollout/response_tokens_mean", "response tokens"),
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     print(out)
     print(f"{len(args.runs)} run(s); panels: {', '.join(drawn)}", file=sys.stderr)
     for run_dir in args.runs:
+        for critic in critic_summary(read_run(run_dir)):
+            print(f"{run_dir}: {critic.describe()}")
         shifts, forgot = online_summary(read_run(run_dir))
         for a in shifts:
             lag = "not regained" if a.lag is None else f"{a.lag} steps"

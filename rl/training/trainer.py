@@ -10,6 +10,7 @@
         sync(policy, version = step)                                  # save + reload into vLLM (+ probe: engine.probe_every)
         log(step, metrics); checkpoint every `checkpoint_every` steps and at the end
         eval.patience: after each held-out evaluation, stop when it has not risen for that many (early_stop)
+    at the end: the held-out change, and the critic's mean explained variance (critic_summary)
 
 Files in RUN_DIR: ``metrics.jsonl`` (one line per policy step), ``value_pretrain.jsonl`` (one per
 critic-only step), ``trajectories.jsonl`` (every episode as it ends, failed ones included, with
@@ -41,6 +42,7 @@ from sao.rl.config import TrainConfig
 from sao.rl.errors import TrainError
 from sao.rl.learner import Learner, collate, release, rss_gb
 from sao.rl.training.checkpoint import Checkpointer, TrainState
+from sao.rl.training.critic_summary import critic_summary_of
 from sao.rl.training.early_stop import EarlyStop
 from sao.rl.training.engine_step import StepEngineMetrics
 from sao.rl.training.heldout import HeldOutEval, improvement
@@ -159,8 +161,7 @@ class Trainer:
                     log.info("stopped at step %d: held-out accuracy has not risen for %d evaluations (eval.patience)",
                              step, cfg.eval.patience)
                     break
-            if self.early_stop is not None:
-                log.info("%s", self.early_stop.report())
+            log_summaries(self.early_stop, files.metrics if self.algo.uses_critic and cfg.logger.jsonl else None)
             finished = True
         finally:
             if isinstance(self.source, ScheduledSource):
@@ -329,3 +330,14 @@ def log_improvement(heldout: HeldOutEval | None, path: Path) -> dict[str, float]
              after.value, delta, first, last, len(heldout.task_ids))
     return {"eval/delta": delta.value, "eval/delta_low": delta.low, "eval/delta_high": delta.high,
             "eval/first_accuracy": before.value}
+
+
+
+def log_summaries(early_stop: EarlyStop | None, critic_metrics: Path | None) -> None:
+    """At the end of a run: the stop rule's report, and the critic's explained variance over the run
+    (:mod:`sao.rl.training.critic_summary`) from ``critic_metrics`` (the run's metrics.jsonl; None
+    without a critic or without that file)."""
+    if early_stop is not None:
+        log.info("%s", early_stop.report())
+    for summary in critic_summary_of(critic_metrics) if critic_metrics is not None else ():
+        log.info("critic: %s", summary.describe())

@@ -1,0 +1,37 @@
+"""benchmarks/critic_fit.py's pure parts: the split by task, the first-token ceiling by hand, the settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.benchmark_module import load
+
+critic_fit = load("critic_fit")
+
+
+def test_the_split_keeps_every_sample_of_a_prompt_on_one_side():
+    episodes = critic_fit.synthetic(60)
+    episodes += [replace(ep, episode_id=ep.episode_id + "b", sample=1) for ep in episodes]
+    fit, held = critic_fit.split(episodes, 0.25)
+    assert len(fit) + len(held) == 120 and held and fit
+    assert not {t.task_id for t in fit} & {t.task_id for t in held}
+
+
+def test_the_first_token_ceiling_by_hand():
+    # prompt A [1, 1, 0], prompt B [0, 0, 0]: mean 1/3, Var (population) 2/9; prompt means 2/3 and 0:
+    # between = 3 x (1/3)^2 x 2 / 6 = 1/9; noise = (Var(A) = 1/3 + Var(B) = 0) / 6 = 1/18
+    # ceiling = (1/9 - 1/18) / (2/9) = 1/4
+    base = critic_fit.synthetic(1)[0]
+    episodes = [replace(base, task_id=task, reward=r)
+                for task, rewards in (("A", [1.0, 1.0, 0.0]), ("B", [0.0, 0.0, 0.0]), ("C", [1.0])) for r in rewards]
+    ceiling, covered = critic_fit.first_token_ceiling(episodes)
+    assert covered == 6 and ceiling == pytest.approx(0.25)  # prompt C, sampled once, is left out
+
+
+def test_settings_compose_with_plus():
+    assert critic_fit.overrides("lr5e-5+k4") == ["optim.value_lr=5e-5", "algo.ttur_k=4"]
+    assert critic_fit.overrides("default") == []
+    with pytest.raises(SystemExit):
+        critic_fit.parse_args(["x.jsonl", "--settings", "lr5e-5+nope"])
