@@ -466,6 +466,27 @@ class EvalConfig:
     patience: int = 0
 
 
+@dataclass
+class WarmStartConfig:
+    """``warm_start=demonstrations``: before the run, a warm start from demonstrations (``algo=sft`` with
+    ``algo.demonstrator``'s episodes and its stop rule) in ``RUN_DIR/warm_start``; the run then starts from
+    its best model (:mod:`sao.rl.training.phases`). The warm start shares the run's env, model, engine, eval
+    problems, seed and loggers; these are its own."""
+
+    max_steps: int = 40  # SFT steps at most (the step budget)
+    batch_size: int = 8  # demonstrations per step (fresh ones each step: max_steps x batch_size at most)
+    lr: float = 1.0e-4
+    eval_every: int = 5  # steps between its held-out evaluations (step 0 is evaluated too)
+    patience: int = 3  # stop after this many evaluations without a new best (eval.patience)
+    demonstrator: str = "arithmetic_tool"  # sao.rl.warm_start.DEMONSTRATORS
+    min_reward: float = 1.0  # only demonstrations rewarded at least this are trained on
+
+    def __post_init__(self) -> None:
+        if min(self.max_steps, self.batch_size, self.eval_every, self.patience) < 1 or not self.lr > 0:
+            raise ValueError("warm_start.max_steps, batch_size, eval_every and patience must be >= 1 and "
+                             f"warm_start.lr > 0, got {self}")
+
+
 SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.learner.sharding.STRATEGIES
 
 
@@ -602,6 +623,8 @@ class TrainConfig:
     # (an unchanged external agent behind the capture proxy, sao.agents.external.training)
     agent: str = "llm"
     agent_run: AgentRunConfig = field(default_factory=AgentRunConfig)
+    # warm_start=demonstrations: an SFT warm start before this run, which then starts from its best model
+    warm_start: WarmStartConfig | None = None
 
 
 def engine_urls(base_url: str | None) -> list[str]:

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from sao.agents import ByteTokenizer, ChatRenderer, LoopConfig, OpenAICompletionClient
 from sao.agents.testing.fake_server import FakeServer, Reply
+from sao.rl.config import ConfigError, SFTConfig, TrainConfig, WarmStartConfig
+from sao.rl.errors import TrainError
 from sao.rl.rollout.sources import rollout_metrics
+from sao.rl.training.early_stop import CurvePoint, Patience
 from sao.rl.training.heldout import HeldOutEval, episode_turns, load_results
+from sao.rl.training.phases import Handover, run_phases, warm_start_config
 from sao.rl.warm_start import arithmetic_tool
-from test_train import FAST
+from test_train import FAST, composed
 
 HELDOUT = {"seed": 0, "difficulty": 1.0, "ops": "*", "max_digits": 3, "tools": "python", "split": "test"}
 
@@ -65,3 +73,108 @@ def test_an_episode_without_a_call_logs_no_tool_call_and_one_turn(tmp_path: Path
     batch = rollout_metrics(result.samples, result.samples, 1.0)
     assert (batch["rollout/tool_calls_mean"], batch["rollout/turns_mean"]) == (0.0, 1.0)
     assert [t.role for t in episode_turns(result.samples[0])] == ["user", "assistant"]
+
+
+# --------------------------------------------------------------------------- the one command: warm start, then RL
+
+
+class FakePhases:
+    """``run_training``'s stand-in: records each call's config and folder, writes what a real phase leaves
+    (phase 1: curve.json with a 0.0 -> 0.4 -> 0.3 curve and best_model/; phase 2: two evaluations, 4 of 10
+    then 7 of 10 right), and raises in the call numbered ``crash_at`` (the machine died)."""
+
+    def __init__(self, crash_at: int | None = None):
+        self.calls: list[tuple[TrainConfig, Path]] = []
+        self.crash_at = crash_at
+
+    def __call__(self, cfg: TrainConfig, run_dir: Path) -> dict:
+        self.calls.append((cfg, Path(run_dir)))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+        if len(self.calls) == self.crash_at:
+            raise RuntimeError("killed")
+        if cfg.algo.name == "sft":
+            rule = Patience(cfg.eval.patience)
+            for step, acc in ((0, 0.0), (5, 0.4), (10, 0.3)):
+                rule.observe(CurvePoint(step, acc, acc - 0.1, acc + 0.1))
+            (run_dir / "curve.json").write_text(json.dumps(rule.summary()))
+            (run_dir / "best_model").mkdir(exist_ok=True)
+        else:
+            rows = [{"step": s, "task_id": f"t{i}", "correct": i < k} for s, k in ((0, 4), (cfg.max_steps, 7))
+                    for i in range(10)]
+            (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {"step": cfg.max_steps}
+
+
+def tool_task(tmp_path: Path, *overrides: str) -> TrainConfig:
+    return replace(composed("experiment=tool-task", "max_steps=6", "warm_start.max_steps=12", "warm_start.lr=2e-4",
+                            *overrides), output_dir=str(tmp_path))
+
+
+def test_the_tool_task_config_is_sao_on_the_tool_env_after_a_warm_start() -> None:
+    cfg = composed("experiment=tool-task")
+    assert (cfg.algo.name, cfg.env.kwargs["tools"], cfg.env.max_turns) == ("sao", "python", 3)
+    assert cfg.warm_start == WarmStartConfig() and cfg.eval.problems >= 100
+    seeded = composed("experiment=tool-task", "rollout=async", "seed=3")
+    first = warm_start_config(seeded, cfg.warm_start, Path("w"))
+    assert isinstance(first.algo, SFTConfig) and first.algo.demonstrator == "arithmetic_tool"
+    assert (first.max_steps, first.batch_size, first.optim.lr, first.value_pretrain_steps) == (40, 8, 1e-4, 0)
+    assert (first.eval.every, first.eval.patience, first.eval.problems, first.rollout.mode) == (5, 3, 100, "sync")
+    assert (first.seed, first.env, first.warm_start, first.output_dir) == (3, seeded.env, None, "w")
+    assert composed().warm_start is None
+    with pytest.raises(ConfigError, match="warm_start"):
+        composed("experiment=tool-task", "warm_start.patience=0")
+
+
+def test_the_warm_start_runs_first_and_rl_starts_from_its_best_model(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    train = FakePhases()
+    with caplog.at_level(logging.INFO, logger="sao.rl.training.phases"):
+        last = run_phases(tool_task(tmp_path), tmp_path, train)
+    (first, first_dir), (second, second_dir) = train.calls
+    assert (first.algo.name, first.max_steps, first.optim.lr, first_dir) == ("sft", 12, 2e-4, tmp_path / "warm_start")
+    assert (second.algo.name, second.max_steps, second_dir, last) == ("sao", 6, tmp_path, {"step": 6})
+    assert second.model.name == str((tmp_path / "warm_start" / "best_model").resolve())
+    handover = Handover.read(tmp_path / "warm_start" / "handover.json")
+    assert handover == Handover(second.model.name, 5, 0.4, True, 10)
+    text = caplog.text
+    assert "held-out curve (step: accuracy [95% interval]) 0: 0.000 [-0.100, 0.100], 5: 0.400" in text
+    assert "best 0.400 at step 5, inside the learnable band 20%-80%" in text
+    assert "held-out accuracy 0.400 -> 0.700, +0.300 [" in text and "step 0 -> 6" in text
+
+
+def test_a_crash_in_rl_resumes_without_redoing_the_warm_start(tmp_path: Path) -> None:
+    crashed = FakePhases(crash_at=2)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_phases(tool_task(tmp_path), tmp_path, crashed)
+    assert (tmp_path / "warm_start" / "handover.json").exists()
+    with pytest.raises(TrainError, match="already holds a run"):  # a fresh run would overwrite it
+        run_phases(tool_task(tmp_path), tmp_path, FakePhases())
+    resumed = FakePhases()
+    run_phases(tool_task(tmp_path, "resume=true"), tmp_path, resumed)
+    [(cfg, run_dir)] = resumed.calls  # phase 2 only, resuming from its own checkpoint
+    assert (cfg.algo.name, cfg.resume, run_dir) == ("sao", True, tmp_path)
+    assert cfg.model.name == str((tmp_path / "warm_start" / "best_model").resolve())
+
+
+def test_a_crash_in_the_warm_start_resumes_the_warm_start(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="killed"):
+        run_phases(tool_task(tmp_path), tmp_path, FakePhases(crash_at=1))
+    assert not (tmp_path / "warm_start" / "handover.json").exists()
+    resumed = FakePhases()
+    run_phases(tool_task(tmp_path, "resume=true"), tmp_path, resumed)
+    assert [(c.algo.name, c.resume, d.name) for c, d in resumed.calls] == [("sft", True, "warm_start"),
+                                                                            ("sao", True, tmp_path.name)]
+
+
+def test_a_bad_rl_config_fails_before_the_warm_start_runs(tmp_path: Path) -> None:
+    train = FakePhases()
+    with pytest.raises(ConfigError, match="rollout=pipe"):  # SAO is single-rollout; the warm start would pass
+        run_phases(tool_task(tmp_path, "rollout=pipe"), tmp_path, train)
+    assert train.calls == []
+
+
+def test_without_a_warm_start_the_run_is_one_phase(tmp_path: Path) -> None:
+    train = FakePhases()
+    run_phases(replace(composed("max_steps=2"), output_dir=str(tmp_path)), tmp_path, train)
+    assert [(c.algo.name, d) for c, d in train.calls] == [("sao", tmp_path)]
