@@ -464,6 +464,9 @@ class EvalConfig:
     # (0: off, run to max_steps). On: the best evaluated policy is kept in RUN_DIR/best_model (a Hugging Face
     # folder that model.name= takes) and the curve in RUN_DIR/curve.json (sao.rl.training.early_stop)
     patience: int = 0
+    # with patience: an evaluation above this accuracy also stops the run, and is never the best kept (a warm
+    # start stops before it leaves the learnable band at the top, where RL would have nothing left to learn); null: off
+    stop_above: float | None = None
 
 
 @dataclass
@@ -473,11 +476,12 @@ class WarmStartConfig:
     its best model (:mod:`sao.rl.training.phases`). The warm start shares the run's env, model, engine, eval
     problems, seed and loggers; these are its own."""
 
-    max_steps: int = 40  # SFT steps at most (the step budget)
+    max_steps: int = 16  # SFT steps at most (the step budget)
     batch_size: int = 8  # demonstrations per step (fresh ones each step: max_steps x batch_size at most)
-    lr: float = 1.0e-4
-    eval_every: int = 5  # steps between its held-out evaluations (step 0 is evaluated too)
-    patience: int = 3  # stop after this many evaluations without a new best (eval.patience)
+    lr: float = 2.0e-4
+    eval_every: int = 2  # steps between its held-out evaluations (step 0 is evaluated too)
+    patience: int = 2  # stop after this many evaluations without a new best (eval.patience)
+    stop_above: float | None = 0.8  # ... or at an evaluation above the learnable band (eval.stop_above); null: off
     demonstrator: str = "arithmetic_tool"  # sao.rl.warm_start.DEMONSTRATORS
     min_reward: float = 1.0  # only demonstrations rewarded at least this are trained on
 

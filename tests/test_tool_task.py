@@ -118,8 +118,9 @@ def test_the_tool_task_config_is_sao_on_the_tool_env_after_a_warm_start() -> Non
     seeded = composed("experiment=tool-task", "rollout=async", "seed=3")
     first = warm_start_config(seeded, cfg.warm_start, Path("w"))
     assert isinstance(first.algo, SFTConfig) and first.algo.demonstrator == "arithmetic_tool"
-    assert (first.max_steps, first.batch_size, first.optim.lr, first.value_pretrain_steps) == (40, 8, 1e-4, 0)
-    assert (first.eval.every, first.eval.patience, first.eval.problems, first.rollout.mode) == (5, 3, 100, "sync")
+    assert (first.max_steps, first.batch_size, first.optim.lr, first.value_pretrain_steps) == (16, 8, 2e-4, 0)
+    assert (first.eval.every, first.eval.patience, first.eval.stop_above, first.eval.problems, first.rollout.mode) == (
+        2, 2, 0.8, 100, "sync")
     assert (first.seed, first.env, first.warm_start, first.output_dir) == (3, seeded.env, None, "w")
     assert composed().warm_start is None
     with pytest.raises(ConfigError, match="warm_start"):
@@ -178,3 +179,15 @@ def test_without_a_warm_start_the_run_is_one_phase(tmp_path: Path) -> None:
     train = FakePhases()
     run_phases(replace(composed("max_steps=2"), output_dir=str(tmp_path)), tmp_path, train)
     assert [(c.algo.name, d) for c, d in train.calls] == [("sao", tmp_path)]
+
+
+def test_the_warm_starts_stop_rule_stops_above_the_band_and_keeps_the_best_inside_it() -> None:
+    # 0.1, 0.5 (best), 0.9 > 0.8: stop at once; 0.9 is in the curve but not the best, so RL starts from 0.5
+    rule = Patience(3, ceiling=0.8)
+    assert [rule.observe(CurvePoint(s, a, a, a)) for s, a in ((0, 0.1), (2, 0.5), (4, 0.9))] == [True, True, False]
+    s = rule.summary()
+    assert rule.stop and (s["best_step"], s["best_accuracy"], s["in_band"], s["above_ceiling"]) == (2, 0.5, True, True)
+    first = Patience(3, ceiling=0.8)  # nothing below the ceiling to keep: the first point is the best
+    assert first.observe(CurvePoint(0, 0.95, 0.9, 1.0)) and first.stop and first.summary()["in_band"] is False
+    free = Patience(3)  # no ceiling: 0.9 is a best like any other, and no stop
+    assert free.observe(CurvePoint(0, 0.9, 0.9, 0.9)) and not free.stop

@@ -60,7 +60,8 @@ def warm_start_config(cfg: TrainConfig, ws: WarmStartConfig, folder: Path) -> Tr
     return replace(cfg, algo=SFTConfig(demonstrator=ws.demonstrator, min_reward=ws.min_reward),
                    max_steps=ws.max_steps, batch_size=ws.batch_size, value_pretrain_steps=0,
                    checkpoint_every=ws.eval_every, optim=replace(cfg.optim, lr=ws.lr),
-                   eval=replace(cfg.eval, enabled=True, every=ws.eval_every, patience=ws.patience),
+                   eval=replace(cfg.eval, enabled=True, every=ws.eval_every, patience=ws.patience,
+                                                stop_above=ws.stop_above),
                    rollout=replace(cfg.rollout, mode="sync", replicas=1), output_dir=str(folder), warm_start=None)
 
 
