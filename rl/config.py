@@ -478,8 +478,8 @@ class WarmStartConfig:
 
     max_steps: int = 16  # SFT steps at most (the step budget)
     batch_size: int = 8  # demonstrations per step (fresh ones each step: max_steps x batch_size at most)
-    lr: float = 2.0e-4
-    eval_every: int = 2  # steps between its held-out evaluations (step 0 is evaluated too)
+    lr: float = 1.0e-4
+    eval_every: int = 1  # steps between its held-out evaluations (step 0 is evaluated too)
     patience: int = 2  # stop after this many evaluations without a new best (eval.patience)
     stop_above: float | None = 0.8  # ... or at an evaluation above the learnable band (eval.stop_above); null: off
     demonstrator: str = "arithmetic_tool"  # sao.rl.warm_start.DEMONSTRATORS

@@ -22,10 +22,12 @@ def test_the_tool_task_command_warm_starts_then_runs_sao_with_tool_calls_in_the_
                                                                                           tmp_path: Path) -> None:
     server = restore_engine
     run = tmp_path / "run"
-    # the warm start's learning rate is raised so that 3 steps of 8 demonstrations teach the call format (its
-    # held-out greedy episodes then call the tool); the stop rule may end it earlier
+    # 4 steps of 8 demonstrations at lr 2e-4 teach the format (measured 2026-12-06 on 100 held-out problems: 0.00
+    # at step 2, the call made and repeated; 1.00 at step 4, call then answer); no ceiling here, so that the model
+    # handed over is that one (lr 1e-3 broke the model in one step)
     args = ["experiment=tool-task", f"output_dir={run}", "max_steps=2", "batch_size=4", "value_pretrain_steps=1",
-            "eval.problems=16", "warm_start.max_steps=3", "warm_start.eval_every=1", "warm_start.lr=1e-3",
+            "eval.problems=16", "warm_start.max_steps=4", "warm_start.eval_every=2", "warm_start.lr=2e-4",
+            "warm_start.stop_above=null",
             f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}", "logger=[]"]
     done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=850)
     out = done.stdout + done.stderr
