@@ -17,7 +17,7 @@ from tests.faults.procs import SAO_TRAIN, jsonl
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.part("sao-train")]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_the_tool_task_command_warm_starts_then_runs_sao_with_tool_calls_in_the_records(restore_engine,
                                                                                           tmp_path: Path) -> None:
     server = restore_engine
@@ -29,7 +29,7 @@ def test_the_tool_task_command_warm_starts_then_runs_sao_with_tool_calls_in_the_
             "eval.problems=16", "warm_start.max_steps=4", "warm_start.eval_every=2", "warm_start.lr=2e-4",
             "warm_start.stop_above=null",
             f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}", "logger=[]"]
-    done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=850)
+    done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=1100)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     warm = run / "warm_start"
