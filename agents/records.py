@@ -275,6 +275,11 @@ class Trajectory:
         return sum(self.action_mask)
 
     @property
+    def num_tool_calls(self) -> int:
+        """The well-formed tool calls its actions made (a malformed one, in ``invalid_tool_calls``, not counted)."""
+        return sum(len(m.get("tool_calls") or ()) for m in self.messages if m.get("role") == "assistant")
+
+    @property
     def generated_tokens(self) -> int:
         """Tokens the model generated: action tokens (tokens mode), or the sum of the API's reported
         completion tokens (text mode; a turn without usage counts 0)."""

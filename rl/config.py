@@ -464,6 +464,31 @@ class EvalConfig:
     # (0: off, run to max_steps). On: the best evaluated policy is kept in RUN_DIR/best_model (a Hugging Face
     # folder that model.name= takes) and the curve in RUN_DIR/curve.json (sao.rl.training.early_stop)
     patience: int = 0
+    # with patience: an evaluation above this accuracy also stops the run, and is never the best kept (a warm
+    # start stops before it leaves the learnable band at the top, where RL would have nothing left to learn); null: off
+    stop_above: float | None = None
+
+
+@dataclass
+class WarmStartConfig:
+    """``warm_start=demonstrations``: before the run, a warm start from demonstrations (``algo=sft`` with
+    ``algo.demonstrator``'s episodes and its stop rule) in ``RUN_DIR/warm_start``; the run then starts from
+    its best model (:mod:`sao.rl.training.phases`). The warm start shares the run's env, model, engine, eval
+    problems, seed and loggers; these are its own."""
+
+    max_steps: int = 16  # SFT steps at most (the step budget)
+    batch_size: int = 8  # demonstrations per step (fresh ones each step: max_steps x batch_size at most)
+    lr: float = 1.0e-4
+    eval_every: int = 1  # steps between its held-out evaluations (step 0 is evaluated too)
+    patience: int = 2  # stop after this many evaluations without a new best (eval.patience)
+    stop_above: float | None = 0.8  # ... or at an evaluation above the learnable band (eval.stop_above); null: off
+    demonstrator: str = "arithmetic_tool"  # sao.rl.warm_start.DEMONSTRATORS
+    min_reward: float = 1.0  # only demonstrations rewarded at least this are trained on
+
+    def __post_init__(self) -> None:
+        if min(self.max_steps, self.batch_size, self.eval_every, self.patience) < 1 or not self.lr > 0:
+            raise ValueError("warm_start.max_steps, batch_size, eval_every and patience must be >= 1 and "
+                             f"warm_start.lr > 0, got {self}")
 
 
 SHARDINGS = ("replicate", "fsdp2")  # learner.sharding; the classes: sao.rl.learner.sharding.STRATEGIES
@@ -602,6 +627,8 @@ class TrainConfig:
     # (an unchanged external agent behind the capture proxy, sao.agents.external.training)
     agent: str = "llm"
     agent_run: AgentRunConfig = field(default_factory=AgentRunConfig)
+    # warm_start=demonstrations: an SFT warm start before this run, which then starts from its best model
+    warm_start: WarmStartConfig | None = None
 
 
 def engine_urls(base_url: str | None) -> list[str]:

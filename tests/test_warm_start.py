@@ -104,7 +104,8 @@ def test_demonstrations_hold_no_heldout_problem_and_only_solved_episodes_are_tra
     problems = {t.messages[0]["content"].split("\n")[0] for t in recorded}
     assert not problems & held_problems and not any(in_test_split(p) for p in problems)
     assert all(t.task_id.endswith("-train") for t in recorded)
-    assert batches[0].metrics["demo/tool_calls_mean"] == 1.0 and batches[0].metrics["rollout/turns_mean"] == 2.0
+    m = batches[0].metrics
+    assert m["demo/tool_calls_mean"] == m["rollout/tool_calls_mean"] == 1.0 and m["rollout/turns_mean"] == 2.0
 
 
 def task_problem(task_id: str, kwargs: dict) -> str:

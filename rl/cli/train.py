@@ -5,8 +5,10 @@
     sao-train -m algo=sao,grpo seed=1,2 output_dir=runs/sweep     # one folder per run: algo=sao,seed=1/ ...
     sao-train max_steps=40 output_dir=runs/demo resume=true       # continue from the last checkpoint
     sao-train env=reverse-word max_steps=2                        # any registered env, plug-ins included
+    sao-train experiment=tool-task                                # SFT warm start, then SAO (the tool task)
 
-Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``)
+Configs live in ``conf/`` (groups ``algo``, ``env``, ``model``, ``engine``, ``rollout``, ``logger``,
+``warm_start``, and ``experiment``: a whole recipe)
 over the schema :class:`sao.rl.config.TrainConfig`; ``logger`` selects several trackers at once
 (``logger=[tensorboard,wandb,mlflow]``, :mod:`sao.rl.cli.logger_group`). Each ``algo`` option composes that algorithm's own
 config, and an option it lacks exits 2 naming those it has (:mod:`sao.rl.cli.algo_group`); the ``env``
@@ -93,13 +95,14 @@ def _main(cfg: DictConfig) -> float | None:
     _composed = True
     from sao.agents.engine.watch import EngineRestartsExhausted
     from sao.rl.training.build import run_training
+    from sao.rl.training.phases import run_phases
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         config = to_config(cfg)
         config.output_dir = str(run_dir)
-        last = run_training(config, run_dir)
+        last = run_phases(config, run_dir, run_training)  # a warm start first (warm_start=...), then the run
     except (ConfigError, TrainError, CheckpointError, EngineRestartsExhausted) as exc:
         log.error("%s", exc)
         advice = ""

@@ -113,6 +113,7 @@ def rollout_metrics(all_: list[Trajectory] | tuple[Trajectory, ...], ok: tuple[T
         "rollout/truncated_frac": sum(t.truncated for t in ok) / n_ok,
         "rollout/response_tokens_mean": sum(t.num_action_tokens for t in ok) / n_ok,
         "rollout/turns_mean": sum(len(t.turns) for t in ok) / n_ok,
+        "rollout/tool_calls_mean": sum(t.num_tool_calls for t in ok) / n_ok,
         "rollout/tokens": float(tokens),
         "perf/rollout_s": wall_s,
         "perf/rollout_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,

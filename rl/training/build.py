@@ -292,7 +292,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], trac
                       agents.episodes(env_name, temperature=loop.temperature, env_kwargs=env_kwargs(cfg)))
             source, sync = _source_and_sync(cfg, run_dir, algo, runner, tasks, (engines, clients, controls), served,
                                             thread, tokenizer, plugin=agents is not None)
-            early = EarlyStop(cfg.eval.patience, run_dir, Path(model_path)) if cfg.eval.patience else None
+            early = EarlyStop(cfg.eval.patience, run_dir, Path(model_path),
+                              ceiling=cfg.eval.stop_above) if cfg.eval.patience else None
             trainer = Trainer(cfg, run_dir, learner=learner, algo=algo, source=source, weight_sync=sync,
                               pad_id=pad_id, sinks=sinks, trackers=trackers, tasks=tasks, early_stop=early,
                               heldout=heldout_eval(cfg, env_name, clients[0], renderer_for, run_dir, agents),

@@ -2,6 +2,7 @@
 
     after each held-out evaluation (step 0 included):
         curve += (step, accuracy, its 95% interval)
+        accuracy > ceiling (eval.stop_above):  stop; it is not the best (the best stays inside the band)
         accuracy > best:  best = it; the policy is saved to RUN_DIR/best_model; waited = 0
         else:             waited += 1;  waited == patience: stop
     RUN_DIR/curve.json: the curve, the best step and accuracy, and whether the best lies in the learnable
@@ -42,19 +43,25 @@ class CurvePoint:
 
 
 class Patience:
-    """Stop when accuracy has not risen above its best for ``patience`` evaluations in a row (pure)."""
+    """Stop when accuracy has not risen above its best for ``patience`` evaluations in a row, or has risen
+    above ``ceiling`` (a point above it is never the best, unless it is the first) (pure)."""
 
-    def __init__(self, patience: int):
+    def __init__(self, patience: int, ceiling: float | None = None):
         if patience < 1:
             raise ValueError(f"patience must be >= 1, got {patience}")
-        self.patience = patience
+        self.patience, self.ceiling = patience, ceiling
         self.curve: list[CurvePoint] = []
         self.best: CurvePoint | None = None
         self.waited = 0
+        self.above = False  # an evaluation rose above the ceiling
 
     def observe(self, point: CurvePoint) -> bool:
-        """Add ``point``; whether it is a new best (strictly above the best so far)."""
+        """Add ``point``; whether it is a new best (strictly above the best so far, not above the ceiling)."""
         self.curve.append(point)
+        if self.ceiling is not None and point.accuracy > self.ceiling:
+            self.above = True
+            if self.best is not None:
+                return False
         if self.best is None or point.accuracy > self.best.accuracy:
             self.best, self.waited = point, 0
             return True
@@ -63,13 +70,14 @@ class Patience:
 
     @property
     def stop(self) -> bool:
-        return self.waited >= self.patience
+        return self.waited >= self.patience or self.above
 
     def summary(self) -> dict[str, Any]:
         """What ``curve.json`` holds."""
         best = self.best
         return {"curve": [asdict(p) for p in self.curve], "patience": self.patience, "waited": self.waited,
-                "stopped": self.stop, "best_step": best.step if best else None,
+                "stopped": self.stop, "above_ceiling": self.above, "ceiling": self.ceiling,
+                "best_step": best.step if best else None,
                 "best_accuracy": best.accuracy if best else None, "band": list(BAND),
                 "in_band": bool(best and BAND[0] <= best.accuracy <= BAND[1])}
 
@@ -104,8 +112,8 @@ class EarlyStop:
     """The trainer's stop rule (module doc): :class:`Patience` over the held-out evaluations, the best
     policy saved to ``run_dir/best_model``, the curve to ``run_dir/curve.json``."""
 
-    def __init__(self, patience: int, run_dir: Path, model_dir: Path):
-        self.rule = Patience(patience)
+    def __init__(self, patience: int, run_dir: Path, model_dir: Path, *, ceiling: float | None = None):
+        self.rule = Patience(patience, ceiling)
         self.run_dir, self.model_dir = Path(run_dir), Path(model_dir)
 
     @property

@@ -9,8 +9,9 @@ The held-out tasks are the first ``eval.problems`` task ids of the training envi
 ``split: train``, so no held-out problem is ever trained on). The same tasks are evaluated every
 time, so successive accuracies are paired and their difference has a tighter interval than two
 independent samples would give. Each evaluation appends one line per task to ``RUN_DIR/eval.jsonl``
-(step, task id, correct, answer), the record the final difference is computed from, also after a
-resume.
+(step, task id, correct, answer, status, and the episode's ``turns``: each message of its transcript with
+its role and text, and an action's tool calls, so a reader sees a tool call in one turn and the answer in
+a later one), the record the final difference is computed from, also after a resume.
 """
 
 from __future__ import annotations
@@ -68,6 +69,36 @@ def paired_difference(before: Sequence[bool], after: Sequence[bool], z: float = 
 
 
 @dataclass(frozen=True)
+class EpisodeTurn:
+    """One message of a held-out episode's transcript, as ``eval.jsonl`` records it: the user's problem, an
+    action (the model's text; ``tool_calls``: the calls parsed from it, ``{"name", "arguments"}``), or an
+    observation (a ``tool`` message: the tool's output)."""
+
+    role: str
+    text: str
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "text": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = list(self.tool_calls)
+        return out
+
+
+def episode_turns(trajectory: Trajectory) -> tuple[EpisodeTurn, ...]:
+    """The transcript of ``trajectory`` as :class:`EpisodeTurn` s (the renderer's system prompt, the same for
+    every episode, is not among its messages)."""
+    turns = []
+    for m in trajectory.messages:
+        calls = tuple({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                      for c in m.get("tool_calls") or ())
+        content = m.get("content")
+        turns.append(EpisodeTurn(str(m.get("role")), content if isinstance(content, str) else str(content or ""),
+                                 calls))
+    return tuple(turns)
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """One evaluation: per task, whether the greedy answer was correct."""
 
@@ -84,10 +115,14 @@ class EvalResult:
         return wilson_interval(sum(self.correct), len(self.correct))
 
     def metrics(self) -> dict[str, float]:
+        """Accuracy with its interval, and per episode (over the samples) model calls and tool calls."""
         acc = self.accuracy
+        n = max(len(self.samples), 1)
+        per_episode = {"eval/turns_mean": sum(len(t.turns) for t in self.samples) / n,
+                       "eval/tool_calls_mean": sum(t.num_tool_calls for t in self.samples) / n} if self.samples else {}
         return {"eval/accuracy": acc.value, "eval/accuracy_low": acc.low, "eval/accuracy_high": acc.high,
                 "eval/n": float(len(self.correct)), "eval/truncated": float(self.truncated),
-                "eval/failed": float(self.failed), "perf/eval_s": self.wall_s}
+                "eval/failed": float(self.failed), **per_episode, "perf/eval_s": self.wall_s}
 
 
 def distinct_tasks(env_name: str, env_kwargs: dict[str, Any], problems: int) -> tuple[str, ...]:
@@ -150,8 +185,9 @@ class HeldOutEval:
                             tuple(done))
         with self.path.open("a", encoding="utf-8") as fh:
             for t, ok in zip(done, result.correct):
-                fh.write(json.dumps({"step": step, "task_id": t.task_id, "correct": ok,
-                                     "answer": t.info.get("answer"), "status": t.status}) + "\n")
+                fh.write(json.dumps({"step": step, "task_id": t.task_id, "correct": ok, "answer": t.info.get("answer"),
+                                     "status": t.status, "error": t.error,
+                                     "turns": [x.row() for x in episode_turns(t)]}) + "\n")
         return result
 
 

@@ -158,8 +158,8 @@ class Trainer:
                 if step % cfg.checkpoint_every == 0 or step == cfg.max_steps or stop:
                     await self.thread.run(self._save, step)
                 if stop:
-                    log.info("stopped at step %d: held-out accuracy has not risen for %d evaluations (eval.patience)",
-                             step, cfg.eval.patience)
+                    log.info("stopped at step %d by the stop rule on held-out accuracy (eval.patience %d, "
+                             "eval.stop_above %s)", step, cfg.eval.patience, cfg.eval.stop_above)
                     break
             log_summaries(self.early_stop, files.metrics if self.algo.uses_critic and cfg.logger.jsonl else None)
             finished = True

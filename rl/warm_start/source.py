@@ -64,7 +64,7 @@ class DemonstrationSource:
         rejected = tuple(t for t in played if not self.accepts(t))
         metrics = rollout_metrics(played, tuple(kept), time.monotonic() - t0)
         metrics |= {"demo/played": float(len(played)), "demo/rejected": float(len(rejected)),
-                    "demo/tool_calls_mean": sum(_tool_calls(t) for t in kept) / len(kept)}
+                    "demo/tool_calls_mean": sum(t.num_tool_calls for t in kept) / len(kept)}
         return RolloutBatch(tuple(kept), rejected, metrics=metrics)
 
     def accepts(self, trajectory: Trajectory) -> bool:
@@ -79,8 +79,4 @@ class DemonstrationSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.tasks.load_state_dict(state["tasks"])
-
-
-def _tool_calls(trajectory: Trajectory) -> int:
-    return sum(len(m.get("tool_calls") or ()) for m in trajectory.messages if m.get("role") == "assistant")
 
