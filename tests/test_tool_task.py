@@ -191,3 +191,37 @@ def test_the_warm_starts_stop_rule_stops_above_the_band_and_keeps_the_best_insid
     assert first.observe(CurvePoint(0, 0.95, 0.9, 1.0)) and first.stop and first.summary()["in_band"] is False
     free = Patience(3)  # no ceiling: 0.9 is a best like any other, and no stop
     assert free.observe(CurvePoint(0, 0.9, 0.9, 0.9)) and not free.stop
+
+
+def test_each_heldout_task_samples_with_its_own_seed_the_same_at_every_evaluation(tmp_path: Path) -> None:
+    """At eval.temperature > 0 a shared seed would draw the same random numbers for every task: a first token
+    whose distribution hardly depends on the problem then fails (or passes) all of them at once (measured:
+    99 of 100 sampled answers began with the same wrong token). Each task gets task_seed(run seed, task id),
+    distinct across tasks, the same at every step (the paired difference compares a problem with itself),
+    and a function of the run's seed."""
+    from sao.agents.loop import task_seed
+    from sao.agents.records import Trajectory
+
+    def evaluation(seed: int) -> tuple[HeldOutEval, list[tuple[str, int]]]:
+        seen: list[tuple[str, int]] = []
+
+        async def runner(client, *, task_id: str, seed: int):  # type: ignore[no-untyped-def]
+            seen.append((task_id, seed))
+            return Trajectory(episode_id="e", env="arithmetic", task_id=task_id, sample=0, seed=seed, token_ids=(1,),
+                              action_mask=(1,), logprobs=(-1.0,), turns=(), messages=(), reward=1.0,
+                              terminated=True, truncated=False, status="ok", info={"correct": True})
+
+        loop = LoopConfig(max_turns=3, max_tokens=192, max_model_len=1024, temperature=1.0)
+        return HeldOutEval(client=None, renderer_for=renderer_for, env_name="arithmetic",  # type: ignore[arg-type]
+                           env_kwargs=HELDOUT, loop=loop, problems=5, concurrency=2, path=tmp_path / f"{seed}.jsonl",
+                           runner=runner, seed=seed), seen
+
+    ev, seen = evaluation(7)
+    asyncio.run(ev.run(0))
+    first = dict(seen)
+    asyncio.run(ev.run(1))
+    assert len(seen) == 10 and dict(seen[5:]) == first  # the same seed per task at the next evaluation
+    assert len(set(first.values())) == 5 and first == {t: task_seed(7, t, 0) for t in ev.task_ids}
+    other, seen_other = evaluation(8)
+    asyncio.run(other.run(0))
+    assert dict(seen_other).keys() == first.keys() and set(dict(seen_other).values()).isdisjoint(first.values())

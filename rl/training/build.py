@@ -187,7 +187,7 @@ def heldout_eval(cfg: TrainConfig, env_name: str, client: Any, renderer_for: Any
     runner = None if agents is None else agents.episodes(env_name, temperature=e.temperature, env_kwargs=kwargs)
     return HeldOutEval(client=client, renderer_for=renderer_for, env_name=env_name, env_kwargs=kwargs, loop=loop,
                        problems=e.problems, concurrency=episode_bound(cfg, e.concurrency), path=RunFiles(run_dir).eval,
-                       runner=runner)
+                       runner=runner, seed=cfg.seed)
 
 
 def make_learner(cfg: TrainConfig, model_path: str, uses_critic: bool, *, data_parallel: Any = None,

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from sao.agents import ChatRenderer, CompletionClient, EpisodeRunner, LoopConfig, Trajectory
+from sao.agents.loop import task_seed
 from sao.envs import make
+from sao.rl.training.metrics_log import read_jsonl
 
 Z95 = 1.959963984540054  # the two-sided 95% normal quantile
 
@@ -162,9 +164,14 @@ class HeldOutEval:
 
     def __init__(self, *, client: CompletionClient, renderer_for: Callable[[tuple[dict[str, Any], ...]], ChatRenderer],
                  env_name: str, env_kwargs: dict[str, Any], loop: LoopConfig, problems: int, concurrency: int,
-                 path: Path, runner: Any = None):
+                 path: Path, runner: Any = None, seed: int = 0):
         # runner: who plays an episode on the client (None: the project's loop; an agent plug-in's player)
         self.client, self.runner = client, runner or EpisodeRunner(env_name, renderer_for, loop, env_kwargs)
+        # each task's own sampling seed (task_seed: the run's seed and the task's id), the same at every step, so
+        # that two evaluations of a sampled run (eval.temperature > 0) pair each problem with itself; one
+        # seed for every task would draw the same random numbers for all of them, and at a first token whose
+        # distribution hardly depends on the problem, one unlucky draw failed 99 of 100 problems at once
+        self.seed = seed
         self.concurrency, self.path = concurrency, Path(path)
         self.task_ids = distinct_tasks(env_name, env_kwargs, problems)
         if not self.task_ids:
@@ -176,7 +183,7 @@ class HeldOutEval:
 
         async def one(task_id: str) -> Trajectory:
             async with semaphore:
-                return await self.runner(self.client, task_id=task_id, seed=0)
+                return await self.runner(self.client, task_id=task_id, seed=task_seed(self.seed, task_id, 0))
 
         t0 = time.monotonic()
         done = await asyncio.gather(*(one(t) for t in self.task_ids))
@@ -194,13 +201,7 @@ class HeldOutEval:
 def load_results(path: Path) -> dict[int, dict[str, bool]]:
     """``eval.jsonl`` as {step: {task_id: correct}} (a torn last line is skipped)."""
     out: dict[int, dict[str, bool]] = {}
-    if not Path(path).exists():
-        return out
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for row in read_jsonl(path):
         out.setdefault(int(row["step"]), {})[row["task_id"]] = bool(row["correct"])
     return out
 
