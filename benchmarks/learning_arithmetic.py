@@ -82,6 +82,7 @@ from rich.table import Table
 from learning_stats import (COLLAPSE_DROP, CurvePoint, Improvement, arm_difference, collapsed, curve,  # noqa: F401
                             improvement_stats, paired_lists, t_interval, t_quantile)
 from sao.rl.training.heldout import Interval, load_results
+from sao.rl.training.metrics_log import read_jsonl
 
 log = logging.getLogger("learning_arithmetic")
 
@@ -343,17 +344,6 @@ def run_all(jobs: list[Job], args: argparse.Namespace, console: Console) -> None
 
 
 # ---------------------------------------------------------------------------- reading the runs
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
 
 
 @dataclass

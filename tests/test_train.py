@@ -38,7 +38,7 @@ from sao.rl.learner.learner import Learner
 from sao.rl.learner.value_model import ValueModel
 from sao.rl.prompts.tasks import TaskStream
 from sao.rl.rollout.orchestrated import HealthConfig, OrchestratedRollout, Replica
-from sao.rl.training.metrics_log import REQUIRED_KEYS, rewind_jsonl
+from sao.rl.training.metrics_log import REQUIRED_KEYS, read_jsonl, rewind_jsonl
 from sao.rl.training.trainer import Trainer, TrainError
 from sao.rl.weights.replica_sync import ReplicaWeightSync
 from sao.rl.weights.sync import WeightSync
@@ -390,6 +390,20 @@ def test_rewind_jsonl_keeps_earlier_steps_and_drops_a_torn_line(tmp_path: Path) 
     path.write_text('{"step": 1}\n{"step": 2}\n{"info": {"step": 3}}\n{"step": 4')
     assert rewind_jsonl(path, 2) == 2
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_read_jsonl_skips_torn_and_foreign_lines_and_says_so_when_asked(tmp_path: Path, capsys) -> None:
+    """The one reader of a run's JSON-lines files (metrics, eval, pretraining): a crash mid-write leaves a
+    torn last line, which is skipped, as is a line that is not a JSON object; a missing file is no rows."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n[1, 2]\n\n{"step": 2}\n{"step": 3')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}] and capsys.readouterr().err == ""
+    assert read_jsonl(path, warn=True) == [{"step": 1}, {"step": 2}]
+    err = capsys.readouterr().err
+    assert f"{path}:2:" in err and f"{path}:5:" in err and f"{path}:3:" not in err  # the blank line is no record
+    assert read_jsonl(tmp_path / "none.jsonl") == []
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "none.jsonl", missing_ok=False)
 
 
 def test_checkpoint_round_trip_restores_rng(tmp_path: Path) -> None:

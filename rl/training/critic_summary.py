@@ -16,11 +16,12 @@ folder for benchmarks and tests.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sao.rl.training.metrics_log import read_jsonl
 
 EV_KEYS = ("value/explained_var", "value/explained_var_first")
 
@@ -82,20 +83,7 @@ def critic_summary(rows: list[dict[str, Any]], *, window: int = 8, min_defined: 
     return out
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of ``path`` (a torn or foreign line is skipped)."""
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def critic_summary_of(run: Path, **kwargs: int) -> list[CriticSummary]:
     """:func:`critic_summary` of a run folder's ``metrics.jsonl`` (or of that file itself)."""
     run = Path(run)
-    return critic_summary(read_metrics(run / "metrics.jsonl" if run.is_dir() else run), **kwargs)
+    return critic_summary(read_jsonl(run / "metrics.jsonl" if run.is_dir() else run), **kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +39,28 @@ def complete(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     row.update({k: None for k in REQUIRED_KEYS[1:]})
     row.update({k: _clean(v) for k, v in metrics.items() if k != "step"})
     return row
+
+
+def read_jsonl(path: Path, *, missing_ok: bool = True, warn: bool = False) -> list[dict[str, Any]]:
+    """The JSON objects of a run's JSON-lines file, in order. A torn line (a crash mid-write) or a line that
+    is not a JSON object is skipped, with a warning on stderr when ``warn``. A missing file is no rows, or
+    ``FileNotFoundError`` unless ``missing_ok``."""
+    path = Path(path)
+    if not path.is_file():
+        if missing_ok:
+            return []
+        raise FileNotFoundError(path)
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif warn and line.strip():
+            print(f"warning: {path}:{n}: skipping a line that is not a JSON object", file=sys.stderr)
+    return rows
 
 
 def rewind_jsonl(path: Path, last_step: int, key: str = "step") -> int:

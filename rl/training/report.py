@@ -25,6 +25,7 @@ from typing import Any
 
 from sao.rl.errors import ReportError
 from sao.rl.training.critic_summary import critic_summary
+from sao.rl.training.metrics_log import read_jsonl
 
 PANELS = (
     ("reward/mean", "reward (mean)"),
@@ -45,13 +46,7 @@ def read_run(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ReportError(f"{run_dir}: no metrics.jsonl (is this a sao-train run folder?)")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            print(f"warning: {path}:{n}: skipping a line that is not JSON", file=sys.stderr)
-    return rows
+    return read_jsonl(path, warn=True)
 
 
 def run_label(run_dir: Path, how: str) -> str:

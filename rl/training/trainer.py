@@ -332,7 +332,6 @@ def log_improvement(heldout: HeldOutEval | None, path: Path) -> dict[str, float]
             "eval/first_accuracy": before.value}
 
 
-
 def log_summaries(early_stop: EarlyStop | None, critic_metrics: Path | None) -> None:
     """At the end of a run: the stop rule's report, and the critic's explained variance over the run
     (:mod:`sao.rl.training.critic_summary`) from ``critic_metrics`` (the run's metrics.jsonl; None
