@@ -460,7 +460,8 @@ class EvalConfig:
     temperature: float = 0.0
     max_tokens: int | None = None
     concurrency: int = 64
-    # stop rule: stop when held-out accuracy has not risen above its best for this many evaluations in a row
+    # stop rule: once held-out accuracy has risen above its first evaluation, stop when it has not risen above its
+    # best for this many evaluations in a row
     # (0: off, run to max_steps). On: the best evaluated policy is kept in RUN_DIR/best_model (a Hugging Face
     # folder that model.name= takes) and the curve in RUN_DIR/curve.json (sao.rl.training.early_stop)
     patience: int = 0
@@ -480,7 +481,7 @@ class WarmStartConfig:
     batch_size: int = 8  # demonstrations per step (fresh ones each step: max_steps x batch_size at most)
     lr: float = 1.0e-4
     eval_every: int = 1  # steps between its held-out evaluations (step 0 is evaluated too)
-    patience: int = 2  # stop after this many evaluations without a new best (eval.patience)
+    patience: int = 2  # stop after this many evaluations without a new best, once risen (eval.patience)
     stop_above: float | None = 0.8  # ... or at an evaluation above the learnable band (eval.stop_above); null: off
     demonstrator: str = "arithmetic_tool"  # sao.rl.warm_start.DEMONSTRATORS
     min_reward: float = 1.0  # only demonstrations rewarded at least this are trained on

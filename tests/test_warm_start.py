@@ -172,6 +172,13 @@ def test_patience_stops_after_that_many_evaluations_without_a_new_best() -> None
     low = Patience(1)
     low.observe(CurvePoint(0, 0.05, 0, 0.1))
     assert not low.stop and low.summary()["in_band"] is False
+    # a curve that has not risen above its first evaluation has not stopped rising: no count, no stop
+    flat = Patience(2)
+    assert [flat.observe(CurvePoint(s, a, a, a)) for s, a in enumerate([0.0, 0.0, 0.0, 0.0])] == [True] + [False] * 3
+    assert not flat.stop and flat.waited == 0 and not flat.risen
+    assert flat.observe(CurvePoint(4, 0.3, 0.3, 0.3)) and flat.risen  # the rise; then 2 without a new best: stop
+    assert [flat.observe(CurvePoint(s, 0.2, 0.2, 0.2)) for s in (5, 6)] == [False, False] and flat.stop
+    assert flat.summary()["best_step"] == 4
     with pytest.raises(ValueError):
         Patience(0)
 
@@ -210,25 +217,26 @@ def sft_trainer(tmp_path: Path, server: FakeServer, patience: int, max_steps: in
                    early_stop=EarlyStop(patience, tmp_path, tmp_path / "no-tokenizer"))
 
 
-def test_an_sft_run_stops_on_patience_keeps_its_best_model_and_hands_it_to_the_next_run(tmp_path: Path) -> None:
-    """The engine's held-out answers never improve (always wrong): with patience 2 the run stops after step
-    2 of 6; the best evaluation is step 0's, whose policy (the untrained one) is in best_model, which
-    sao-train's model loading (model.name=PATH) takes as it is."""
+def test_an_sft_run_that_never_rises_runs_its_budget_keeps_its_best_model_and_hands_it_over(tmp_path: Path) -> None:
+    """The engine's held-out answers never improve (always wrong): the curve never rises above its first
+    evaluation, so patience 2 never counts and the run goes to its budget, 3 steps; the best evaluation is
+    step 0's, whose policy (the untrained one) is in best_model, which sao-train's model loading
+    (model.name=PATH) takes as it is."""
     from sao.agents.models import ensure_model
 
     with FakeServer(responder=lambda request, prompt: Reply(text="\\boxed{-1}")) as server:
-        trainer = sft_trainer(tmp_path, server, patience=2, max_steps=6)
+        trainer = sft_trainer(tmp_path, server, patience=2, max_steps=3)
         initial = {k: v.clone() for k, v in trainer.learner.policy.state_dict().items()}
         asyncio.run(trainer.run())
     rows = lines(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2] and trainer.state.step == 2
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and trainer.state.step == 3
     assert all(math.isfinite(r["loss/policy"]) and r["sft/nll"] > 0 for r in rows[1:])
     assert rows[2]["sft/nll"] < rows[1]["sft/nll"]  # it learns the demonstrations
     curve = json.loads((tmp_path / "curve.json").read_text())
-    assert [p["step"] for p in curve["curve"]] == [0, 1, 2] and curve["stopped"] and curve["best_step"] == 0
+    assert [p["step"] for p in curve["curve"]] == [0, 1, 2, 3] and not curve["stopped"] and curve["best_step"] == 0
     assert curve["in_band"] is False and curve["best_accuracy"] == 0.0
     demos = lines(tmp_path / "trajectories.jsonl")
-    assert len(demos) == 4 and all(d["reward"] == 1.0 and len(d["turns"]) == 2 for d in demos)
+    assert len(demos) == 6 and all(d["reward"] == 1.0 and len(d["turns"]) == 2 for d in demos)  # 3 steps x 2
     best = tmp_path / "best_model"
     assert ensure_model(str(best)) == str(best.absolute())
     cfg = composed("algo=sao", f"model.name={best}")
@@ -270,10 +278,29 @@ def test_the_best_model_is_the_policy_of_the_best_evaluation(tmp_path: Path) -> 
 
 
 def test_a_resumed_sft_run_replays_its_curve(tmp_path: Path) -> None:
-    with FakeServer(responder=lambda request, prompt: Reply(text="\\boxed{-1}")) as server:
-        asyncio.run(sft_trainer(tmp_path, server, patience=3, max_steps=1).run())
-        trainer = sft_trainer(tmp_path, server, patience=3, max_steps=4)
+    """Right during step 1's evaluation only (the rise), then wrong: the resumed run replays 0, 1 from
+    eval.jsonl, so 2 evaluations without a new best stop it at step 3 with step 1 the best. Without the
+    replay it would never have seen a rise, and would run to step 5."""
+    seen = {"step": -1}
+
+    def responder(request, prompt):  # type: ignore[no-untyped-def]
+        return Reply(text=arithmetic_tool(prompt) if seen["step"] == 1 else "\\boxed{-1}")
+
+    def observed(trainer: Trainer) -> Trainer:
+        evaluate = trainer.heldout.run
+
+        async def run(step: int):  # type: ignore[no-untyped-def]
+            seen["step"] = step
+            return await evaluate(step)
+
+        trainer.heldout.run = run  # type: ignore[method-assign]
+        return trainer
+
+    with FakeServer(responder=responder) as server:
+        asyncio.run(observed(sft_trainer(tmp_path, server, patience=2, max_steps=1)).run())
+        trainer = observed(sft_trainer(tmp_path, server, patience=2, max_steps=5))
         trainer.cfg = replace(trainer.cfg, resume=True)
         asyncio.run(trainer.run())
     curve = json.loads((tmp_path / "curve.json").read_text())
-    assert [p["step"] for p in curve["curve"]] == [0, 1, 2, 3] and curve["stopped"] and curve["best_step"] == 0
+    assert [p["accuracy"] for p in curve["curve"]] == [0.0, 1.0, 0.0, 0.0]
+    assert curve["stopped"] and curve["best_step"] == 1

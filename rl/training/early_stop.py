@@ -4,7 +4,10 @@
         curve += (step, accuracy, its 95% interval)
         accuracy > ceiling (eval.stop_above):  stop; it is not the best (the best stays inside the band)
         accuracy > best:  best = it; the policy is saved to RUN_DIR/best_model; waited = 0
-        else:             waited += 1;  waited == patience: stop
+        else, once accuracy has risen above the first evaluation:  waited += 1;  waited == patience: stop
+    A curve that has not yet risen has not stopped rising: a warm start whose first evaluations stay at
+    its starting accuracy (sampled, a 135M model's tool calls break for a few steps before any succeed) runs
+    on, to its step budget at most. (Counting from step 0, a first rule stopped such a run after 2 steps.)
     RUN_DIR/curve.json: the curve, the best step and accuracy, and whether the best lies in the learnable
     band (20-80%: RL has signal there; issue 35)
 
@@ -43,8 +46,9 @@ class CurvePoint:
 
 
 class Patience:
-    """Stop when accuracy has not risen above its best for ``patience`` evaluations in a row, or has risen
-    above ``ceiling`` (a point above it is never the best, unless it is the first) (pure)."""
+    """Stop when accuracy, having risen above its first evaluation, has not risen above its best for
+    ``patience`` evaluations in a row, or has risen above ``ceiling`` (a point above it is never the best,
+    unless it is the first) (pure)."""
 
     def __init__(self, patience: int, ceiling: float | None = None):
         if patience < 1:
@@ -65,8 +69,14 @@ class Patience:
         if self.best is None or point.accuracy > self.best.accuracy:
             self.best, self.waited = point, 0
             return True
-        self.waited += 1
+        if self.risen:
+            self.waited += 1
         return False
+
+    @property
+    def risen(self) -> bool:
+        """Whether the best lies above the first evaluation (the curve has started rising)."""
+        return self.best is not None and self.best is not self.curve[0]
 
     @property
     def stop(self) -> bool:
