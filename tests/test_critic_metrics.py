@@ -156,7 +156,9 @@ def test_sao_report_prints_the_critic_summary(tmp_path: Path, capsys):  # type: 
     rows = rows_of({s: 0.1 * s for s in range(1, 9)}, {s: None if s % 2 else 0.2 for s in range(1, 9)})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert report([str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.out == f"{tmp_path / 'report.png'}\n"  # the path alone on stdout, the summaries on stderr
+    out = printed.err
     # steps 5-8 hold 0.5, 0.6, 0.7, 0.8 -> +0.650; the first-token key is defined at steps 6 and 8 only
     assert f"{tmp_path}: value/explained_var: second half (steps 5-8) +0.650 over 4 of 4 defined steps" in out
     assert "value/explained_var_first: second half (steps 5-8) +0.200 over 2 of 4 defined steps" in out

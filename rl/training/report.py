@@ -1,7 +1,7 @@
 """``sao-report RUN_DIR`` / ``sao-report RUN_DIR... --out FILE.png``: learning curves of one or more runs, to PNG.
 
 One run's figure goes into the run, ``RUN_DIR/report.png``; several runs' goes where ``--out`` says, and
-without it sao-report refuses (exit 2) rather than guess which folder it belongs in. It prints the path.
+without it sao-report refuses (exit 2) rather than guess which folder it belongs in. It prints the path alone on stdout; all else goes to stderr.
 
 Reads each run's ``metrics.jsonl`` and draws one panel per metric that some run logged: reward,
 accuracy, policy and value losses, the DIS mask fraction, the value model's explained variance,
@@ -9,7 +9,7 @@ the train-vs-rollout log-prob gap, sync time, and staleness or per-family reward
 The x axis is the policy step, or the number of trajectories trained on (``--x samples``), which
 puts algorithms with different batch shapes on one scale. Runs that share a label (``--label algo``
 takes it from each run's ``config.json``) are averaged, with their min-max as a band. For each run
-with a critic it prints the mean explained variance over the defined steps
+with a critic it prints (to stderr) the mean explained variance over the defined steps
 (:mod:`sao.rl.training.critic_summary`).
 """
 
@@ -200,15 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(args.runs)} run(s); panels: {', '.join(drawn)}", file=sys.stderr)
     for run_dir in args.runs:
         for critic in critic_summary(read_run(run_dir)):
-            print(f"{run_dir}: {critic.describe()}")
+            print(f"{run_dir}: {critic.describe()}", file=sys.stderr)
         shifts, forgot = online_summary(read_run(run_dir))
         for a in shifts:
             lag = "not regained" if a.lag is None else f"{a.lag} steps"
             print(f"{run_dir}: shift at step {a.shift}: pre-shift reward {a.pre_level:.3f}, "
-                  f"80% regained after {lag}")
+                  f"80% regained after {lag}", file=sys.stderr)
         for f in forgot.values():
             print(f"{run_dir}: {f.family}: best {f.best:.3f} (step {f.best_step}), latest probe {f.probe:.3f} "
-                  f"(step {f.probe_step}): forgetting {f.drop:+.3f}")
+                  f"(step {f.probe_step}): forgetting {f.drop:+.3f}", file=sys.stderr)
     return 0
 
 
