@@ -8,7 +8,8 @@ learner can train on).
 
 ``tools="python"`` offers a ``python`` tool (:class:`~sao.envs.python_tool.PythonTool`): each call runs
 the code in a fresh process of a sandbox (``sandbox="local"``: :class:`~sao.sandboxes.LocalSandbox`,
-bubblewrap-isolated when available; ``"docker"``: a :class:`~sao.sandboxes.DockerSandbox` on the base
+bubblewrap-isolated, an error where bubblewrap is not usable unless ``SAO_SANDBOX_UNISOLATED=1``;
+``"docker"``: a :class:`~sao.sandboxes.DockerSandbox` on the base
 image, no network).
 Its output (truncated), a non-zero exit status, a timeout, or a malformed call comes back as a
 ``tool`` message; a message without tool calls is the final answer and is graded.
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sao.hints import did_you_mean
+from sao.sandboxes import require_isolation
 
 from .capabilities import Policy
 from .core import Message, TextEnv
@@ -145,6 +147,8 @@ class MathEnv(TextEnv):
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
         self.tools = (TOOLS[tools],) if tools else ()
+        if self.tools and sandbox == "local":
+            require_isolation()  # at construction: no episode runs the model's code unisolated by default
         self.python_tool = PythonTool(sandbox, timeout_s=tool_timeout_s, output_chars=tool_output_chars)
         self.tasks = tasks
         self.endless = bool(getattr(tasks, "endless", False))

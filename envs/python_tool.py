@@ -5,9 +5,9 @@ One copy of the tool for everyone who offers it: the math environments' ``tools=
 :mod:`sao.agents.external.smolagents_math`), whose tool must run the code in the project's sandbox rather
 than in the agent's own process.
 
-``sandbox="local"`` is a :class:`~sao.sandboxes.LocalSandbox` (bubblewrap-isolated when available, no
-network), ``"docker"`` a :class:`~sao.sandboxes.DockerSandbox` on the base image (no network). The sandbox
-is started on the first call and kept until :meth:`PythonTool.close`; each call is a new ``python3``
+``sandbox="local"`` is a :class:`~sao.sandboxes.LocalSandbox` (bubblewrap-isolated, no network; where
+bubblewrap is not usable it refuses to start unless ``SAO_SANDBOX_UNISOLATED=1``), ``"docker"`` a :class:`~sao.sandboxes.DockerSandbox` on the base image
+(no network). The sandbox is started on the first call and kept until :meth:`PythonTool.close`; each call is a new ``python3``
 process, so nothing but files persists between calls. A timeout, a non-zero exit status or an empty output
 is said in the text; nothing raises for what the program does.
 """

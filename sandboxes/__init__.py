@@ -23,7 +23,7 @@ from .errors import (
     SandboxStartError,
 )
 from .fake import FakeSandbox, FakeSandboxFactory
-from .local import LocalSandbox, bwrap_usable
+from .local import UNISOLATED_VAR, LocalSandbox, bwrap_usable, require_isolation
 from .orphans import list_labelled
 from .pool import SandboxPool
 from .swe_image import ImageBuild, SWEImageSpec, build_swe_image
@@ -32,5 +32,6 @@ __all__ = [
     "BASE_IMAGE", "LABEL_KEY", "container_slots", "LABEL_VALUE", "TIMEOUT_EXIT_CODE", "DockerSandbox", "DockerUnavailableError",
     "ExecResult", "FakeSandbox", "FakeSandboxFactory", "ImageBuild", "LocalSandbox", "Sandbox", "SandboxClosedError",
     "SWEImageSpec", "SandboxError", "SandboxLimits", "SandboxPathError", "SandboxPool", "SandboxStartError",
-    "build_swe_image", "bwrap_usable", "ensure_base_image", "gc", "list_labelled",
+    "build_swe_image", "bwrap_usable", "ensure_base_image", "gc", "list_labelled", "require_isolation",
+    "UNISOLATED_VAR",
 ]

@@ -10,8 +10,11 @@ Isolation, strongest available:
   ``--new-session``. Killing ``bwrap`` kills everything in its PID namespace, so nothing the
   command starts can outlive it. As root (this project's CI) bwrap works as is; as a normal
   user it needs unprivileged user namespaces (Ubuntu 24.04 restricts them through AppArmor).
-* **a plain subprocess** otherwise (a warning is logged once): same directory layout but no
-  file-system or network isolation; **use it only for trusted code and tests**.
+* **a plain subprocess** only when asked for: ``use_bwrap=False``, or ``SAO_SANDBOX_UNISOLATED=1`` in
+  the environment when bubblewrap is not usable (a warning is logged once). Same directory layout but no
+  file-system or network isolation; **use it only for trusted code and tests**. Without bubblewrap and
+  without that opt-in, ``LocalSandbox()`` raises :class:`~sao.sandboxes.errors.SandboxStartError`: a
+  model's code never runs unisolated by default.
 
 In both modes each command runs as ``sh -c`` in its own session (``start_new_session``) with a
 minimal environment (``PATH``, ``HOME`` = the root, ``TMPDIR``, ``LANG`` and the ``env``
@@ -53,6 +56,26 @@ _TAG_VAR = "SAO_RUN_ID"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+UNISOLATED_VAR = "SAO_SANDBOX_UNISOLATED"
+"""Set to ``1`` to let :class:`LocalSandbox` run commands as plain subprocesses where bubblewrap is not usable."""
+
+
+def require_isolation() -> bool:
+    """Whether a default :class:`LocalSandbox` (``use_bwrap=None``) uses bubblewrap: True when it is usable;
+    False (with a warning, once) when it is not and :data:`UNISOLATED_VAR` is ``1``; otherwise
+    :class:`SandboxStartError`, saying how to get isolation."""
+    if bwrap_usable():
+        return True
+    if os.environ.get(UNISOLATED_VAR) == "1":
+        _warn_unisolated()
+        return False
+    raise SandboxStartError(
+        "the local sandbox has no isolation here: bubblewrap (`bwrap`) is missing or cannot create namespaces. "
+        "Install it (apt-get install -y bubblewrap; scripts/setup does as root), use the Docker sandbox "
+        f"(sandbox=docker), or set {UNISOLATED_VAR}=1 to run the model's code as plain subprocesses "
+        "without file-system or network isolation (trusted code only)")
+
+
 @functools.lru_cache(maxsize=None)
 def bwrap_usable() -> bool:
     """Whether ``bwrap`` is installed and can create the namespaces we use (probed once)."""
@@ -76,9 +99,10 @@ class LocalSandbox:
     """Commands in a private directory on this machine (see the module docstring).
 
     ``root`` is used as is and kept on close; without it a temporary directory is created and
-    removed on close. ``use_bwrap``: ``None`` uses bubblewrap when usable (else a plain
-    subprocess, with a warning), ``True`` requires it (:class:`SandboxStartError` if unusable),
-    ``False`` never uses it.
+    removed on close. ``use_bwrap``: ``None`` uses bubblewrap, or a plain subprocess only where it is
+    not usable and :data:`UNISOLATED_VAR` opts in (:func:`require_isolation`; else
+    :class:`SandboxStartError`), ``True`` requires it (:class:`SandboxStartError` if unusable),
+    ``False`` never uses it (trusted code and tests).
     """
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), root: str | os.PathLike[str] | None = None, *,
@@ -89,9 +113,7 @@ class LocalSandbox:
                                     "create namespaces here (apt-get install -y bubblewrap; as non-root it needs "
                                     "unprivileged user namespaces)")
         if use_bwrap is None:
-            use_bwrap = bwrap_usable()
-            if not use_bwrap:
-                _warn_unisolated()
+            use_bwrap = require_isolation()
         self.isolated = bool(use_bwrap)
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="sao-local-") if root is None else root).resolve()
@@ -281,5 +303,5 @@ _warned = threading.Event()
 def _warn_unisolated() -> None:
     if not _warned.is_set():
         _warned.set()
-        log.warning("bubblewrap is not usable here: LocalSandbox runs commands as plain subprocesses, without "
-                    "file-system or network isolation (trusted code only)")
+        log.warning("bubblewrap is not usable here and %s=1: LocalSandbox runs commands as plain subprocesses, "
+                    "without file-system or network isolation (trusted code only)", UNISOLATED_VAR)

@@ -171,6 +171,35 @@ def test_bwrap_isolation():
         assert "unreachable" in probe.output.lower() or "error" in probe.output.lower(), probe
 
 
+def test_without_bubblewrap_the_default_local_sandbox_refuses_unless_unisolated_is_asked_for(monkeypatch):
+    """A model's code never runs unisolated by default: without a usable bwrap, LocalSandbox() and a math
+    environment with the python tool on the local sandbox raise, saying what to do; SAO_SANDBOX_UNISOLATED=1
+    (or use_bwrap=False in code) is the explicit opt-in to plain subprocesses."""
+    import sao.sandboxes.local as local_module
+    from sao.envs.arithmetic import ArithmeticTasks
+    from sao.envs.math_envs import MathEnv
+    from sao.sandboxes import UNISOLATED_VAR, SandboxStartError
+
+    monkeypatch.setattr(local_module, "bwrap_usable", lambda: False)
+    monkeypatch.delenv(UNISOLATED_VAR, raising=False)
+    with pytest.raises(SandboxStartError, match="bubblewrap") as refused:
+        LocalSandbox()
+    assert UNISOLATED_VAR in str(refused.value) and "sandbox=docker" in str(refused.value)
+    with pytest.raises(SandboxStartError, match=UNISOLATED_VAR):
+        MathEnv(ArithmeticTasks(), tools="python")
+    MathEnv(ArithmeticTasks())  # no tool, no sandbox needed
+    MathEnv(ArithmeticTasks(), tools="python", sandbox="docker")  # the Docker sandbox isolates on its own
+    with LocalSandbox(use_bwrap=False) as plain:
+        assert not plain.isolated
+
+    monkeypatch.setenv(UNISOLATED_VAR, "1")
+    with LocalSandbox() as sb:
+        assert not sb.isolated and sb.run("echo hi").output == "hi\n"
+    monkeypatch.setattr(local_module, "bwrap_usable", lambda: True)
+    monkeypatch.delenv(UNISOLATED_VAR)
+    assert local_module.require_isolation() is True
+
+
 # -- records and output rules -------------------------------------------------------------------
 
 
