@@ -15,6 +15,10 @@ each trajectory's first action token (:mod:`sao.rl.learner.explained_variance`),
 One run of a setting gives all its checkpoints: the first 2 batches of a 32-batch run are a 2-batch
 run's.
 
+``--override`` gives the run's own config under every setting (``--override experiment=tool-task
+--override model.name=RUN/warm_start/best_model`` for a tool-task run, whose critic starts from the
+warm-started model).
+
 Settings (``--settings``, comma-separated names of :data:`SETTINGS`, or names joined by ``+``) vary the value lr, its warm-up,
 the TTUR ratio K and frozen attention; every other value is the main job's (conf/config.yaml).
 
@@ -153,7 +157,7 @@ def fit_setting(name: str, fit: list[Any], held: Any, args: argparse.Namespace) 
     """Pretrain a fresh value model with setting ``name``; score it after each checkpoint."""
     from sao.rl.learner import collate
 
-    cfg = compose([f"seed={args.seed}", f"batch_size={args.batch_size}", *overrides(name)])
+    cfg = compose([f"seed={args.seed}", f"batch_size={args.batch_size}", *args.override, *overrides(name)])
     algo, learner = build(cfg)
     rng = random.Random(args.seed)
     order: list[Any] = []
@@ -207,6 +211,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads: 1 on a shared machine (2 threads on 2 busy cores ran 5x slower)")
     p.add_argument("--json", type=Path, default=None, help="also write the scores here")
+    p.add_argument("--override", action="append", default=[],
+                   help="a sao-train override under every setting, e.g. experiment=tool-task or "
+                        "model.name=RUN/warm_start/best_model (the run's starting model); repeatable")
     args = p.parse_args(argv)
     args.checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
     args.settings = args.settings.split(",")
