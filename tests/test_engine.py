@@ -83,6 +83,27 @@ def _tree(pid: int) -> set[int]:
 # --------------------------------------------------------------------------- without a server
 
 
+def test_auto_dtype_serves_bfloat16_only_where_the_hardware_computes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A managed engine's default dtype: bfloat16 on a GPU or a CPU with AMX / AVX-512 BF16, float32 on any
+    other CPU (vLLM emulates bfloat16 there, far slower); a dtype given is passed as is."""
+    from sao.agents.engine.server import serving_dtype
+
+    avx2 = frozenset({"fma", "avx2", "avx"})
+    assert serving_dtype("auto", cuda=False, flags=avx2) == "float32"
+    assert serving_dtype("auto", cuda=False, flags=avx2 | {"avx512f", "avx512_bf16"}) == "bfloat16"
+    assert serving_dtype("auto", cuda=False, flags=avx2 | {"amx_tile", "amx_bf16"}) == "bfloat16"
+    assert serving_dtype("auto", cuda=True, flags=avx2) == "bfloat16"
+    assert serving_dtype("bfloat16", cuda=False, flags=avx2) == "bfloat16"  # asked for: as is
+    assert serving_dtype("float32", cuda=True, flags=avx2) == "float32"
+    cmd = VLLMServerConfig(model="/m").command(1)
+    assert cmd[cmd.index("--dtype") + 1] == serving_dtype("auto")  # this machine's
+    assert not Path("/proc/cpuinfo").is_file() or engine_mod.cpu_flags()  # read from /proc/cpuinfo here
+    monkeypatch.setattr(engine_mod, "cpu_flags", lambda: avx2)
+    monkeypatch.setattr(engine_mod, "_cuda_present", lambda: False)
+    assert VLLMServerConfig(model="/m").command(1)[cmd.index("--dtype") + 1] == "float32"
+    assert VLLMServerConfig(model="/m", dtype="bfloat16").command(1)[cmd.index("--dtype") + 1] == "bfloat16"
+
+
 def test_config_and_client_validate_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SAO_VLLM_ARGS", raising=False)
     with pytest.raises(ValueError, match="kv_cache_gib"):

@@ -98,12 +98,16 @@ def open_endpoint(
     if mode == "chat":
         raise ValueError("chat mode is for external endpoints (give a base URL); a local vLLM runs in tokens mode")
 
+    from ..engine.fleet import cpu_share
     from ..engine.server import VLLMServer, VLLMServerConfig
     from ..models.prepare import ensure_model
 
     path = ensure_model(model)
+    # one replica on a small CPU machine computes on all its cores, as sao-train's (cpu_share); vLLM's own
+    # choice reserves one of 2 for its front-end
     config = VLLMServerConfig(model=path, served_model_name=model, max_model_len=max_model_len,
-                              log_path=log_path, startup_timeout_s=startup_timeout_s, speculative=speculative)
+                              log_path=log_path, startup_timeout_s=startup_timeout_s, speculative=speculative,
+                              env=cpu_share(0, 1))
     with VLLMServer(config) as server:
         context = max_model_len or served_context(server.base_url, model, path)
         yield Endpoint(server.base_url, model, tokenizer or path, context, None, managed=True, server=server)

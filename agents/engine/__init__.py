@@ -12,7 +12,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "fleet": ["cpu_share", "open_replicas", "routed"],
         "meter": ["EngineMeter", "MetricsReader"],
         "metrics": ["EngineMetrics", "combined", "counter_total", "metric_totals", "parse_metrics", "read_metrics"],
-        "server": ["ENV_ARGS", "VLLMServer", "VLLMServerConfig", "env_args", "free_port"],
+        "server": ["ENV_ARGS", "VLLMServer", "VLLMServerConfig", "env_args", "free_port", "serving_dtype"],
         "speculative": ["SPECULATIVE_METHODS", "SpeculativeConfig", "check_schedule", "load_aware", "parse_schedule",
                         "schedule_flag"],
         "watch": ["EngineLog", "EngineRestartsExhausted", "EngineWatch", "ManagedEngine", "WatchConfig", "WatchHooks",

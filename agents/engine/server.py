@@ -79,7 +79,9 @@ class VLLMServerConfig:
     served_model_name: str = "policy"
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port
-    dtype: str = "bfloat16"
+    # "auto" (serving_dtype): bfloat16 where the hardware computes it natively (a GPU, a CPU with AMX or
+    # AVX-512 BF16), else float32; any other value goes to vLLM's --dtype as is
+    dtype: str = "auto"
     max_model_len: int | None = 4096  # None: not passed, vLLM takes the model's own (max_position_embeddings)
     kv_cache_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE (vLLM parses it as a whole number)
     gpu_memory_utilization: float | None = None  # passed only when a CUDA device is present
@@ -114,7 +116,7 @@ class VLLMServerConfig:
             "--served-model-name", self.served_model_name,
             "--host", self.host,
             "--port", str(port),
-            "--dtype", self.dtype,
+            "--dtype", serving_dtype(self.dtype),
         ]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
@@ -296,6 +298,31 @@ class VLLMServer:
 def _connect_host(host: str) -> str:
     """Where to reach a server bound to ``host`` (a wildcard bind is reached on loopback)."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs that compute bfloat16 natively
+
+
+def cpu_flags() -> frozenset[str]:
+    """The flags of this machine's CPU (/proc/cpuinfo's first ``flags`` line; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            line = next((ln for ln in fh if ln.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def serving_dtype(asked: str, *, cuda: bool | None = None, flags: frozenset[str] | None = None) -> str:
+    """The ``--dtype`` a managed vLLM gets for ``asked``: itself, except ``"auto"``, which is bfloat16 on a
+    GPU or on a CPU that computes bfloat16 natively (:data:`BF16_CPU_FLAGS`) and float32 on any other CPU.
+    There vLLM's bfloat16 is emulated: on a 2-core AMD EPYC with AVX2 only (2026-12-07,
+    ``benchmarks/engine_cores.py``) it decoded far slower than float32 (docs/results/engine-dtype.md)."""
+    if asked != "auto":
+        return asked
+    if _cuda_present() if cuda is None else cuda:
+        return "bfloat16"
+    return "bfloat16" if set(BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags) else "float32"
 
 
 def _cuda_present() -> bool:
