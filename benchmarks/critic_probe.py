@@ -9,8 +9,9 @@ token the hidden state of the state in which the token was chosen (position t - 
 reads it) is a feature vector; a ridge regression on the fit episodes' features predicts the episode's
 reward. The held-out explained variance, pooled over action tokens and at each episode's first action
 token, says how much a value head on these features generalises from N episodes, for each N of
-``--sizes`` (0: all fit episodes) and each ridge penalty. The split is by task (about 20% held out), as
-:func:`critic_fit.split` does. A probe that explains nothing from N episodes says a critic trained on N
+``--sizes`` (0: all fit episodes) and each ridge penalty. The episodes are :func:`critic_fit.load`'s and
+the split is :func:`critic_fit.split`'s (by task, 20% held out: ``critic_fit.py --held-out 0.2`` holds out
+the same episodes). A probe that explains nothing from N episodes says a critic trained on N
 episodes has little to find in the frozen trunk; the value model's trainable MLPs can find more, or
 overfit sooner.
 """
@@ -18,8 +19,6 @@ overfit sooner.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import random
 import sys
 from pathlib import Path
@@ -27,34 +26,42 @@ from typing import Any
 
 import numpy as np
 
-Episode = tuple[bool, np.ndarray, float]  # (held out, features [action tokens, hidden], reward)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from critic_fit import load, split  # noqa: E402  (benchmarks/ is not a package)
 
-def held_out(task_id: str, share: float = 0.2) -> bool:
-    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < share
+Episode = tuple[np.ndarray, float]  # (features [action tokens, hidden], reward)
 
 
 def explained_variance(pred: np.ndarray, y: np.ndarray) -> float:
-    return float(1 - np.var(y - pred) / np.var(y)) if np.var(y) > 0 else float("nan")
+    """The project's definition (:func:`sao.rl.learner.explained_variance`), on numpy arrays."""
+    import torch
+
+    from sao.rl.learner import explained_variance as ev
+
+    return ev(torch.from_numpy(pred), torch.from_numpy(y))
 
 
 def ridge_scores(fit: list[Episode], held: list[Episode], ridge: float) -> tuple[float, float]:
     """(pooled, first-token) held-out explained variance of a ridge regression of the reward on the fit
     episodes' standardised features (every action token an example, the fit reward mean as intercept)."""
-    x = np.concatenate([f for _, f, _ in fit])
-    y = np.concatenate([np.full(len(f), r) for _, f, r in fit])
+    x = np.concatenate([f for f, _ in fit])
+    y = np.concatenate([np.full(len(f), r) for f, r in fit])
     mu, sd = x.mean(0), x.std(0) + 1e-6
     a = (x - mu) / sd
     w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ (y - y.mean()))
-    xh = np.concatenate([f for _, f, _ in held])
-    yh = np.concatenate([np.full(len(f), r) for _, f, r in held])
-    first = np.stack([f[0] for _, f, _ in held])
-    yf = np.array([r for _, _, r in held])
+    xh = np.concatenate([f for f, _ in held])
+    yh = np.concatenate([np.full(len(f), r) for f, r in held])
+    first = np.stack([f[0] for f, _ in held])
+    yf = np.array([r for _, r in held])
     return (explained_variance((xh - mu) / sd @ w + y.mean(), yh),
             explained_variance((first - mu) / sd @ w + y.mean(), yf))
 
 
-def features(model_dir: str, rows: list[dict[str, Any]], threads: int) -> list[Episode]:
+HELD_OUT = 0.2  # the share of the tasks held out (critic_fit.split, its --held-out)
+
+
+def features(model_dir: str, trajectories: list[Any], threads: int) -> list[Episode]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -64,10 +71,10 @@ def features(model_dir: str, rows: list[dict[str, Any]], threads: int) -> list[E
     trunk = backbone_of(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).eval()
     out = []
     with torch.no_grad():
-        for r in rows:
-            hidden = trunk(torch.tensor([r["token_ids"]])).last_hidden_state[0]
-            actions = np.nonzero(np.array(r["action_mask"]))[0]
-            out.append((held_out(r["task_id"]), hidden[actions - 1].numpy(), float(r["reward"])))
+        for t in trajectories:
+            hidden = trunk(torch.tensor([list(t.token_ids)])).last_hidden_state[0]
+            actions = np.nonzero(np.array(t.action_mask))[0]
+            out.append((hidden[actions - 1].numpy(), float(t.reward)))
     return out
 
 
@@ -79,14 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ridge", default="100,1000,10000", help="ridge penalties")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    rows = [json.loads(line) for line in args.trajectories.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("status") == "ok" and r.get("token_ids") and any(r.get("action_mask") or ())]
-    print(f"{len(rows)} episodes of {args.trajectories}, mean reward {np.mean([r['reward'] for r in rows]):.3f}")
-    episodes = features(args.model, rows, args.threads)
-    held = [e for e in episodes if e[0]]
-    fit = [e for e in episodes if not e[0]]
+    episodes = load([args.trajectories])
+    print(f"{len(episodes)} episodes of {args.trajectories}, mean reward {np.mean([t.reward for t in episodes]):.3f}")
+    fit_eps, held_eps = split(episodes, HELD_OUT)
+    fit, held = features(args.model, fit_eps, args.threads), features(args.model, held_eps, args.threads)
     random.Random(0).shuffle(fit)
-    print(f"held out: {len(held)} episodes, mean reward {np.mean([r for _, _, r in held]):.3f}; fit: {len(fit)}")
+    print(f"held out: {len(held)} episodes, mean reward {np.mean([r for _, r in held]):.3f}; fit: {len(fit)}")
     print("| fit episodes | ridge | held-out EV pooled | at the first action token |\n|---|---|---|---|")
     for n in [int(s) or len(fit) for s in args.sizes.split(",")]:
         for ridge in (float(s) for s in args.ridge.split(",")):

@@ -52,11 +52,10 @@ def test_the_probe_finds_a_signal_in_the_features_and_none_where_there_is_none()
             f = rng.normal(size=(5, 8))
             if signal:
                 f[:, 3] += 6.0 * reward  # linear R^2 of a 0/1 reward from it: 0.9
-            out.append((False, f, reward))
+            out.append((f, reward))
         return out
 
     pooled, first = probe.ridge_scores(episodes(200, True), episodes(60, True), ridge=1.0)
     assert pooled > 0.8 and first > 0.8
     pooled, first = probe.ridge_scores(episodes(200, False), episodes(60, False), ridge=1.0)
     assert abs(pooled) < 0.15 and abs(first) < 0.25
-    assert probe.held_out("mul-d3-s0-i4-test") == probe.held_out("mul-d3-s0-i4-test")

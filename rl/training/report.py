@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     print(out)
     print(f"{len(args.runs)} run(s); panels: {', '.join(drawn)}", file=sys.stderr)
     for run_dir in args.runs:
-        for critic in critic_summary(read_run(run_dir)):
+        rows = read_run(run_dir)
+        for critic in critic_summary(rows):
             print(f"{run_dir}: {critic.describe()}", file=sys.stderr)
-        shifts, forgot = online_summary(read_run(run_dir))
+        shifts, forgot = online_summary(rows)
         for a in shifts:
             lag = "not regained" if a.lag is None else f"{a.lag} steps"
             print(f"{run_dir}: shift at step {a.shift}: pre-shift reward {a.pre_level:.3f}, "
