@@ -61,6 +61,9 @@ SETTINGS: dict[str, list[str]] = {
     "k4": ["algo.ttur_k=4"],
     "unfrozen": ["algo.freeze_value_attention=false"],
     "noclip": ["algo.value_clip=null"],
+    "head1e-3": ["optim.value_head_lr=1e-3"],
+    "head3e-3": ["optim.value_head_lr=3e-3"],
+    "head1e-2": ["optim.value_head_lr=1e-2"],
 }
 
 

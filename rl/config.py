@@ -189,6 +189,8 @@ class OptimConfig:
     lr: float = 3e-5  # the 135M CPU demo; the paper (30B) uses 1e-6 (see conf/config.yaml)
     value_lr: float | None = None  # None: 5 x lr (METHOD.md 1.2)
     value_warmup_steps: int = 10
+    # the value model's fresh head at its own lr (docs/results/critic.md); None: the value lr
+    value_head_lr: float | None = None
     # the policy lr over the run: constant, or linear | cosine decay to min_lr_ratio x lr at max_steps
     lr_decay: str = "constant"
     min_lr_ratio: float = 0.1

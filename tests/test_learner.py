@@ -247,6 +247,34 @@ def test_value_lr_warms_up_linearly():
     assert lrs == pytest.approx(expected, rel=1e-9)
 
 
+def test_the_value_head_takes_its_own_lr_and_the_warm_up_scales_both():
+    """optim.value_head_lr: the fresh head in a group of its own. Adam's first step moves each parameter by
+    about lr (its sign step), so the head moves by about its own lr and no trunk parameter by more than
+    the value lr; the warm-up's factor applies to both groups."""
+    policy = tiny_llama()
+    value = ValueModel.from_policy(policy)
+    cfg = LearnerConfig(value_lr=1e-5, value_head_lr=1e-2, value_warmup_steps=2, weight_decay=0.0)
+    learner = Learner(policy, cfg, value_model=value)
+    before = {n: p.detach().clone() for n, p in value.named_parameters()}
+    b = collate(random_trajs([9, 6]), pad_id=0)
+    metrics = learner.value_step(SAO().with_critic_targets(learner, b))
+    assert metrics["lr/value"] == pytest.approx(0.5e-5) and metrics["lr/value_head"] == pytest.approx(0.5e-2)
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in value.named_parameters()}
+    assert moved["head.weight"] == pytest.approx(0.5e-2, rel=0.05), moved["head.weight"]
+    trunk = max(v for n, v in moved.items() if not n.startswith("head."))
+    assert 0 < trunk <= 0.5e-5 * 1.05, trunk
+    with pytest.raises(ValueError, match="value_head_lr"):
+        LearnerConfig(value_head_lr=0.0)
+
+
+def test_without_a_head_lr_the_value_model_is_one_group():
+    policy = tiny_llama()
+    learner = Learner(policy, LearnerConfig(value_lr=1e-3), value_model=ValueModel.from_policy(policy))
+    assert len(learner.value_optimizer.param_groups) == 1
+    b = collate(random_trajs([4]), pad_id=0)
+    assert "lr/value_head" not in learner.value_step(SAO().with_critic_targets(learner, b))
+
+
 def test_critic_targets_are_monte_carlo_returns_with_bootstrap_on_truncation():
     policy = tiny_llama()
     learner = Learner(policy, value_model=ValueModel.from_policy(policy))

@@ -42,6 +42,9 @@ class LearnerConfig:
     lr: float = 1e-6
     value_lr: float | None = None  # None: 5 x lr (paper: 5e-6 vs 1e-6)
     value_warmup_steps: int = 10  # linear warm-up of the value optimizer's lr
+    # the fresh scalar head's own lr (its 577 parameters start near 0 while the trunk is the policy's);
+    # None: the value lr, one group for the whole value model
+    value_head_lr: float | None = None
     # the policy's lr over its steps (sao.rl.learner.lr_schedule): constant, or linear | cosine decay from lr
     # to min_lr_ratio x lr at step decay_steps (the run's max_steps)
     lr_decay: str = "constant"
@@ -74,6 +77,8 @@ class LearnerConfig:
             raise ValueError("agg='token-sum-norm' needs agg_normalizer (e.g. the maximum generation length)")
         if self.logprob_chunk < 1 or self.value_warmup_steps < 0:
             raise ValueError("logprob_chunk must be >= 1, value_warmup_steps >= 0")
+        if self.value_head_lr is not None and not self.value_head_lr > 0:
+            raise ValueError(f"value_head_lr must be > 0 or None, got {self.value_head_lr}")
         LrSchedule(self.lr_decay, self.decay_steps, self.min_lr_ratio)  # validates the schedule
 
     @property
@@ -92,10 +97,12 @@ class LearnerConfig:
 def adamw(params: Any, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW over ``params``, fused where torch has the fused kernel for their device (CPU and CUDA,
     floating point): one pass over each tensor instead of a dozen elementwise ops (the default
-    ``foreach=False`` path on the CPU). Same update, to float rounding."""
+    ``foreach=False`` path on the CPU). Same update, to float rounding. ``params``: tensors, or
+    parameter groups (dicts with ``params``)."""
     params = list(params)
-    devices = {p.device.type for p in params}
-    fused = bool(params) and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
+    tensors = [t for g in params for t in (g["params"] if isinstance(g, dict) else [g])]
+    devices = {p.device.type for p in tensors}
+    fused = bool(tensors) and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in tensors)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
@@ -183,12 +190,22 @@ def _optimizers(cfg: LearnerConfig, policy: nn.Module, value_model: ValueModel |
     if cfg.freeze_value_attention:
         value_model.freeze_attention()
     # frozen parameters never get a .grad, so AdamW skips them (no update, no weight decay)
-    value_optimizer = value_optimizer or adamw(value_model.parameters(), lr=cfg.critic_lr,
+    value_optimizer = value_optimizer or adamw(_value_groups(cfg, value_model), lr=cfg.critic_lr,
                                                weight_decay=cfg.weight_decay)
     warmup = cfg.value_warmup_steps
     value_scheduler = torch.optim.lr_scheduler.LambdaLR(
         value_optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
     return policy_optimizer, policy_scheduler, value_optimizer, value_scheduler
+
+
+def _value_groups(cfg: LearnerConfig, value_model: ValueModel) -> list[Any]:
+    """The value model's parameters for its optimizer: one group, or with ``value_head_lr`` the trunk's at the
+    value lr and the head's at its own (the warm-up scales both)."""
+    if cfg.value_head_lr is None:
+        return list(value_model.parameters())
+    head = {id(p) for p in value_model.head.parameters()}
+    trunk = [p for p in value_model.parameters() if id(p) not in head]
+    return [{"params": trunk}, {"params": list(value_model.head.parameters()), "lr": cfg.value_head_lr}]
 
 
 def _pad_to(x: Tensor, width: int) -> Tensor:
@@ -294,13 +311,15 @@ class Learner:
         trainable = [p for p in vm.parameters() if p.requires_grad]
         sums, loss_total, n_mb = self.share.reduce(trainable, sums, loss_total, n_mb)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or float("inf"))
-        lr = self.value_optimizer.param_groups[0]["lr"]
+        lrs = [g["lr"] for g in self.value_optimizer.param_groups]  # [trunk (all), head] with value_head_lr
         self.value_optimizer.step()
         self.value_optimizer.zero_grad(set_to_none=True)  # the critic's gradients never outlive its step
         self.value_scheduler.step()
         n = max(batch.num_action_tokens, 1)
         metrics = {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
-                   "grad_norm/value": float(grad_norm), "lr/value": lr, "value/micro_batches": n_mb}
+                   "grad_norm/value": float(grad_norm), "lr/value": lrs[0], "value/micro_batches": n_mb}
+        if len(lrs) > 1:
+            metrics["lr/value_head"] = lrs[-1]
         return metrics, self.share.gather(seen_values, seen_last, batch)
 
     # ---- policy ----------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ def learner_config(cfg: TrainConfig, device: torch.device | None = None) -> Lear
     learner runs on (default: the run's ``device``; a data-parallel rank may run elsewhere)."""
     o = cfg.optim
     return LearnerConfig(lr=o.lr, value_lr=o.value_lr, value_warmup_steps=o.value_warmup_steps,
+                         value_head_lr=o.value_head_lr,
                          lr_decay=o.lr_decay, decay_steps=cfg.max_steps, min_lr_ratio=o.min_lr_ratio,
                          weight_decay=o.weight_decay, grad_clip=o.grad_clip, token_budget=o.token_budget, bf16=o.bf16,
                          critic_bf16=resolve_bf16(o.critic_bf16, device or _device(cfg.device)), pack=o.pack,
