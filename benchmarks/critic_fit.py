@@ -64,6 +64,9 @@ SETTINGS: dict[str, list[str]] = {
     "head1e-3": ["optim.value_head_lr=1e-3"],
     "head3e-3": ["optim.value_head_lr=3e-3"],
     "head1e-2": ["optim.value_head_lr=1e-2"],
+    "ridge100": ["algo.value_head_ridge=100"],
+    "ridge1000": ["algo.value_head_ridge=1000"],
+    "ridge10000": ["algo.value_head_ridge=10000"],
 }
 
 

@@ -62,15 +62,26 @@ class CriticAlgoConfig(AlgoConfig):
     ttur_k: int = 2  # value steps per policy step (two-timescale update)
     value_clip: float | None = 0.2
     freeze_value_attention: bool = True
+    # the value head fitted in closed form (a ridge regression on the frozen trunk's features, every batch so
+    # far, each older batch weighted by value_head_decay once more; sao.rl.learner.ridge_head) instead of the
+    # trained critic: the ridge penalty on standardised features, or null
+    value_head_ridge: float | None = None
+    value_head_decay: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ttur_k < 1:
             raise ConfigError(f"algo.ttur_k must be >= 1, got {self.ttur_k}")
+        if self.value_head_ridge is not None and not self.value_head_ridge > 0:
+            raise ConfigError(f"algo.value_head_ridge must be > 0 or null, got {self.value_head_ridge}")
+        if not 0 < self.value_head_decay <= 1:
+            raise ConfigError(f"algo.value_head_decay must be in (0, 1], got {self.value_head_decay}")
 
     def learner_options(self) -> dict[str, Any]:
         return super().learner_options() | {"value_clip": self.value_clip,
-                                            "freeze_value_attention": self.freeze_value_attention}
+                                            "freeze_value_attention": self.freeze_value_attention,
+                                            "value_head_ridge": self.value_head_ridge,
+                                            "value_head_decay": self.value_head_decay}
 
 
 @dataclass

@@ -98,6 +98,10 @@ def test_an_algorithm_takes_only_its_own_config() -> None:
         PPOConfig(lam=None)
     with pytest.raises(ConfigError, match="algo.ttur_k must be >= 1"):
         SAOConfig(ttur_k=0)
+    with pytest.raises(ConfigError, match="algo.value_head_ridge must be > 0"):
+        SAOConfig(value_head_ridge=0.0)
+    with pytest.raises(ConfigError, match="algo.value_head_decay must be in"):
+        SAOConfig(value_head_decay=0.0)
     with pytest.raises(ConfigError, match="algo.loss must be 'dis' or 'ppo', got 'clip'"):
         GRPOConfig(loss="clip")
 
@@ -107,3 +111,5 @@ def test_only_a_critic_config_sets_the_value_models_learner_options() -> None:
     assert not isinstance(grpo.algo, CriticAlgoConfig) and "value_clip" not in grpo.algo.learner_options()
     assert learner_config(sao).value_clip == 0.5 and learner_config(sao).freeze_value_attention is True
     assert learner_config(grpo).value_clip == 0.2  # the learner's default; GRPO has no value model
+    ridge = learner_config(composed("algo=sao", "algo.value_head_ridge=1000", "algo.value_head_decay=0.9"))
+    assert (ridge.value_head_ridge, ridge.value_head_decay) == (1000, 0.9) and learner_config(sao).value_head_ridge is None

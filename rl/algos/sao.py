@@ -17,6 +17,7 @@ from sao.rl.algos.base import Stateless, own_config
 from sao.rl.algos.policy_losses import make_loss
 from sao.rl.config import AlgoConfig, PPOConfig, SAOConfig
 from sao.rl.learner import Batch, Learner, explained_variance, first_action_explained_variance
+from sao.rl.learner.ridge_head import head_fit_step
 from sao.rl.objectives import adaptive_lambda, gae_action_tokens, token_rewards
 
 __all__ = ["SAO", "SAOConfig"]
@@ -55,15 +56,21 @@ class SAO(Stateless):
         """``ttur_k`` value steps on one target and one clipping anchor, both from the values before the
         first step (taken in that step's forward pass). Returns the metrics (with the explained
         variance of those values, pooled over action tokens and at each row's first action token; NaN
-        where the returns are all equal) and the values."""
-        metrics, values = learner.first_value_step(batch, lambda mb, v, last: self.with_critic_targets(
-            learner, mb, (v, last)))
+        where the returns are all equal) and the values. With ``value_head_ridge`` the head is solved
+        in closed form on every batch so far instead (:func:`~sao.rl.learner.ridge_head.head_fit_step`), the
+        trunk frozen: no gradient step."""
+
+        def targets(mb: Batch, v: Tensor, last: Tensor) -> Batch:
+            return self.with_critic_targets(learner, mb, (v, last))
+
+        closed_form = self.config.value_head_ridge is not None  # the head solved, the trunk frozen: no steps
+        metrics, values = (head_fit_step if closed_form else Learner.first_value_step)(learner, batch, targets)
         batch = self.with_critic_targets(learner, batch, values)
         act = batch.action_mask.bool()
         metrics["value/explained_var"] = explained_variance(batch.old_values[act], batch.returns[act])
         metrics["value/explained_var_first"] = first_action_explained_variance(batch.old_values, batch.returns,
                                                                                batch.action_mask)
-        for _ in range(self.config.ttur_k - 1):
+        for _ in range(0 if closed_form else self.config.ttur_k - 1):
             metrics |= learner.value_step(batch)
         return metrics, values
 

@@ -45,6 +45,10 @@ class LearnerConfig:
     # the fresh scalar head's own lr (its 577 parameters start near 0 while the trunk is the policy's);
     # None: the value lr, one group for the whole value model
     value_head_lr: float | None = None
+    # the head fitted in closed form on the frozen trunk (sao.rl.learner.ridge_head): the ridge penalty, and the
+    # weight each batch's statistics keep per later batch; None: the critic trains by gradient
+    value_head_ridge: float | None = None
+    value_head_decay: float = 1.0
     # the policy's lr over its steps (sao.rl.learner.lr_schedule): constant, or linear | cosine decay from lr
     # to min_lr_ratio x lr at step decay_steps (the run's max_steps)
     lr_decay: str = "constant"
@@ -208,6 +212,16 @@ def _value_groups(cfg: LearnerConfig, value_model: ValueModel) -> list[Any]:
     return [{"params": trunk}, {"params": list(value_model.head.parameters()), "lr": cfg.value_head_lr}]
 
 
+def _closed_form_head(cfg: LearnerConfig, value_model: ValueModel | None, data_parallel: DataParallel | None) -> None:
+    """With ``value_head_ridge``: the value model's head fitted in closed form, its trunk frozen."""
+    if cfg.value_head_ridge is None or value_model is None:
+        return
+    if data_parallel is not None:
+        raise ValueError("a closed-form value head (value_head_ridge) runs on one learner rank; "
+                         "set learner.world_size=1 or value_head_ridge=null")
+    value_model.fit_head_in_closed_form(cfg.value_head_ridge, cfg.value_head_decay)
+
+
 def _pad_to(x: Tensor, width: int) -> Tensor:
     return nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -242,6 +256,7 @@ class Learner:
         # one rank of a data-parallel learner (sao.rl.learner.parallel.data_parallel) is handed the whole batch
         # at every step, trains on this rank's rows and sums gradients and metrics over the ranks
         self.share = BatchShare(data_parallel, self.device, cfg.agg, cfg.agg_normalizer)
+        _closed_form_head(cfg, value_model, data_parallel)
         self.policy_optimizer, self.policy_scheduler, self.value_optimizer, self.value_scheduler = _optimizers(
             cfg, policy, value_model, policy_optimizer, value_optimizer)
 
@@ -317,9 +332,8 @@ class Learner:
         self.value_scheduler.step()
         n = max(batch.num_action_tokens, 1)
         metrics = {**{k: v / n for k, v in sums.items()}, "loss/value": loss_total,
-                   "grad_norm/value": float(grad_norm), "lr/value": lrs[0], "value/micro_batches": n_mb}
-        if len(lrs) > 1:
-            metrics["lr/value_head"] = lrs[-1]
+                   "grad_norm/value": float(grad_norm), "lr/value": lrs[0], "value/micro_batches": n_mb,
+                   **({"lr/value_head": lrs[-1]} if len(lrs) > 1 else {})}
         return metrics, self.share.gather(seen_values, seen_last, batch)
 
     # ---- policy ----------------------------------------------------------------------------------

@@ -101,6 +101,23 @@ class ValueModel(nn.Module):
         last_index = (attention_mask.sum(-1) - 1).clamp(min=0)
         return shifted, v.gather(1, last_index[:, None]).squeeze(1)
 
+    def token_features(self, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> tuple[Tensor, Tensor]:
+        """The trunk's hidden states aligned as :meth:`token_values` aligns values: (features [B, T, H],
+        ``features[:, t]`` the state in which token t was chosen, zeros at t = 0; last [B, H], the state after
+        each row's final real token). The head on them gives :meth:`token_values` (but at t = 0)."""
+        hidden = trunk_hidden(self.backbone, input_ids, attention_mask, packed)
+        shifted = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)
+        last_index = (attention_mask.sum(-1) - 1).clamp(min=0)
+        return shifted, hidden[torch.arange(hidden.shape[0], device=hidden.device), last_index]
+
+    def fit_head_in_closed_form(self, ridge: float, decay: float = 1.0) -> None:
+        """Freeze every parameter and keep the statistics of a ridge-fitted head
+        (:mod:`sao.rl.learner.ridge_head`) as the ``head_fit`` buffers, saved with the weights."""
+        from sao.rl.learner.ridge_head import RidgeHead  # here: ridge_head imports the learner lazily
+
+        self.requires_grad_(False)
+        self.head_fit = RidgeHead(self.head.in_features, ridge, decay).to(self.head.weight.device)
+
     def freeze_attention(self) -> list[str]:
         """Stop gradients to the backbone's attention parameters (module-doc rule). Returns their names
         (relative to the backbone). Raises ValueError when no attention parameter is found."""
