@@ -44,18 +44,21 @@ def explained_variance(pred: np.ndarray, y: np.ndarray) -> float:
 
 def ridge_scores(fit: list[Episode], held: list[Episode], ridge: float) -> tuple[float, float]:
     """(pooled, first-token) held-out explained variance of a ridge regression of the reward on the fit
-    episodes' standardised features (every action token an example, the fit reward mean as intercept)."""
+    episodes' standardised features (every action token an example), solved by the critic's own
+    :class:`~sao.rl.learner.ridge_head.RidgeHead` (``algo.value_head_ridge``)."""
+    import torch
+
+    from sao.rl.learner.ridge_head import RidgeHead
+
     x = np.concatenate([f for f, _ in fit])
-    y = np.concatenate([np.full(len(f), r) for f, r in fit])
-    mu, sd = x.mean(0), x.std(0) + 1e-6
-    a = (x - mu) / sd
-    w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ (y - y.mean()))
+    head = RidgeHead(x.shape[1], ridge)
+    head.add(torch.from_numpy(x), torch.from_numpy(np.concatenate([np.full(len(f), r) for f, r in fit])))
+    w, b = (t.numpy() for t in head.solve())
     xh = np.concatenate([f for f, _ in held])
     yh = np.concatenate([np.full(len(f), r) for f, r in held])
     first = np.stack([f[0] for f, _ in held])
     yf = np.array([r for _, r in held])
-    return (explained_variance((xh - mu) / sd @ w + y.mean(), yh),
-            explained_variance((first - mu) / sd @ w + y.mean(), yf))
+    return explained_variance(xh @ w + b, yh), explained_variance(first @ w + b, yf)
 
 
 HELD_OUT = 0.2  # the share of the tasks held out (critic_fit.split, its --held-out)
