@@ -11,7 +11,7 @@ import torch
 from sao.rl.algos import SAO, SAOConfig
 from sao.rl.learner.batch import collate
 from sao.rl.learner.learner import Learner, LearnerConfig
-from sao.rl.learner.ridge_head import RidgeHead
+from sao.rl.learner.ridge_head import SD_FLOOR, RidgeHead
 from sao.rl.learner.value_model import ValueModel
 
 from tests.test_learner import random_trajs
@@ -25,7 +25,8 @@ def direct_ridge(x: np.ndarray, y: np.ndarray, ridge: float, weights: np.ndarray
     w8 = np.ones(len(y)) if weights is None else weights
     n = w8.sum()
     mu = (w8[:, None] * x).sum(0) / n
-    sd = np.sqrt((w8[:, None] * (x - mu) ** 2).sum(0) / n) + 1e-6
+    sd = np.sqrt((w8[:, None] * (x - mu) ** 2).sum(0) / n)
+    sd = np.maximum(sd, SD_FLOOR * np.sort(sd)[(len(sd) - 1) // 2] + 1e-6)  # torch's median: the lower middle
     a = (x - mu) / sd
     ym = (w8 * y).sum() / n
     coef = np.linalg.solve(a.T @ (w8[:, None] * a) + ridge * np.eye(x.shape[1]), a.T @ (w8 * (y - ym)))
@@ -56,6 +57,37 @@ def test_decay_weighs_each_older_batch_once_more():
     x, y = np.concatenate([x1, x2]), np.concatenate([y1, y2])
     weights = np.concatenate([np.full(50, 0.25), np.ones(40)])
     np.testing.assert_allclose(x @ w.numpy() + b.item(), direct_ridge(x, y, 10.0 / 1.0, weights), atol=1e-6)
+
+
+def test_a_feature_nearly_constant_so_far_does_not_blow_up_a_later_value():
+    """Feature 2 barely moved in the fit data; a value where it moves by 1 stays within the floor's reach:
+    standardised at the floor (a tenth of the others' spread) its signal is too small to outweigh the penalty."""
+    g = np.random.default_rng(2)
+    x = g.normal(size=(200, 3))
+    x[:, 2] = 1e-4 * g.normal(size=200)
+    y = x[:, 0] + x[:, 2] / 1e-4  # half the target's variance rides on the near-constant feature
+    head = RidgeHead(3, 1.0)
+    head.add(torch.from_numpy(x), torch.from_numpy(y))
+    w, _ = head.solve()
+    assert abs(w[2].item()) < 20, w  # unfloored it is about 1 / 1e-4: a move of 1 would add 1e4 to a value
+
+
+def test_values_are_clipped_to_the_range_of_the_targets_seen():
+    head = RidgeHead(2, 1.0)
+    wide = torch.tensor([-5.0, 0.3, 9.0])
+    assert torch.equal(head.bound(wide), wide)  # nothing seen yet: no bound
+    head.add(torch.zeros(3, 2, dtype=torch.float64), torch.tensor([0.0, 1.0, 0.5], dtype=torch.float64))
+    head.decay_once()  # the range is not decayed
+    assert head.bound(wide).tolist() == pytest.approx([0.0, 0.3, 1.0])
+    policy = tiny_llama()
+    value = ValueModel.from_policy(policy)
+    value.fit_head_in_closed_form(1.0)
+    value.head_fit.add(torch.zeros(2, value.head.in_features), torch.tensor([0.2, 0.4]))
+    with torch.no_grad():
+        value.head.bias.fill_(3.0)  # a head far outside what it was fitted on
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(value(ids, torch.ones_like(ids)), torch.tensor(0.4))
+    assert {"head_fit.y_min", "head_fit.y_max"} <= set(value.state_dict())
 
 
 def test_bad_settings_are_refused():

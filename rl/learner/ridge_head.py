@@ -11,6 +11,12 @@ forgets the older policies' episodes) and the head is solved again. Features are
 statistics' own mean and spread before the penalty applies, so ``ridge`` means the same whatever the
 hidden states' scale. The trunk takes no step: the critic costs one forward pass a batch.
 
+Two bounds keep the linear head from extrapolating when the policy moves its episodes away from those it
+was fitted on: a feature's spread is floored at a tenth of the median feature's before it is standardised
+(a feature nearly constant so far would otherwise get a weight of its own scale's inverse, and any later
+movement of it a value far outside the targets), and the head's predictions are clipped to the range of the
+targets seen so far (:meth:`RidgeHead.bound`, applied by the value model to every value).
+
 :func:`head_fit_step` is the :class:`~sao.rl.learner.learner.Learner` block that uses it, with
 :meth:`~sao.rl.learner.learner.Learner.first_value_step`'s contract: the values before the fit come back
 (so the critic never sees the outcome it baselines), the targets are the algorithm's.
@@ -29,6 +35,9 @@ if TYPE_CHECKING:
     from sao.rl.learner.learner import CriticTargets, Learner
 
 
+SD_FLOOR = 0.1  # a feature's spread, for standardising, is at least this fraction of the median feature's
+
+
 class RidgeHead(nn.Module):
     """Ridge regression statistics for a linear head on ``hidden_size`` features (buffers, float64)."""
 
@@ -43,6 +52,8 @@ class RidgeHead(nn.Module):
         self.register_buffer("sum_xx", torch.zeros(hidden_size, hidden_size, dtype=f64))
         self.register_buffer("sum_y", torch.zeros((), dtype=f64))
         self.register_buffer("sum_xy", torch.zeros(hidden_size, dtype=f64))
+        self.register_buffer("y_min", torch.tensor(float("inf"), dtype=f64))  # the targets' range so far
+        self.register_buffer("y_max", torch.tensor(float("-inf"), dtype=f64))
 
     @torch.no_grad()
     def decay_once(self) -> None:
@@ -59,6 +70,15 @@ class RidgeHead(nn.Module):
         self.sum_xx += x.T @ x
         self.sum_y += y.sum()
         self.sum_xy += x.T @ y
+        if y.numel():
+            self.y_min.clamp_(max=float(y.min()))
+            self.y_max.clamp_(min=float(y.max()))
+
+    def bound(self, values: Tensor) -> Tensor:
+        """``values`` clipped to the range of the targets seen so far (unchanged before any)."""
+        if not bool(torch.isfinite(self.y_min)):
+            return values
+        return values.clamp(float(self.y_min), float(self.y_max))
 
     @torch.no_grad()
     def solve(self) -> tuple[Tensor, Tensor]:
@@ -70,7 +90,8 @@ class RidgeHead(nn.Module):
         mean_x, mean_y = self.sum_x / n, self.sum_y / n
         cov = self.sum_xx / n - torch.outer(mean_x, mean_x)
         cross = self.sum_xy / n - mean_x * mean_y
-        sd = cov.diagonal().clamp(min=0).sqrt() + 1e-6
+        sd = cov.diagonal().clamp(min=0).sqrt()
+        sd = sd.clamp(min=float(SD_FLOOR * sd.median()) + 1e-6)  # a near-constant feature is not blown up
         # (A^T A + ridge I) w = A^T y on the standardised, centred examples A = (X - mean) / sd, divided by n
         a = cov / torch.outer(sd, sd) + (self.ridge / n) * torch.eye(len(sd), dtype=cov.dtype, device=cov.device)
         w = torch.linalg.solve(a, cross / sd) / sd
@@ -93,7 +114,7 @@ def head_fit_step(learner: Learner, batch: Batch, targets: CriticTargets) -> tup
             with _autocast(learner.device, cfg.critic_autocast):
                 feats, last_feats = vm.token_features(mb.input_ids, mb.attention_mask, cfg.pack)
             feats, last_feats = feats.float(), last_feats.float()
-            values, last = vm.head(feats).squeeze(-1), vm.head(last_feats).squeeze(-1)
+            values, last = vm.head_values(feats), vm.head_values(last_feats)
             values[:, 0] = 0.0  # as ValueModel.token_values: token 0 is never an action
             mb = targets(mb, values, last)
             act = mb.action_mask.bool()

@@ -85,8 +85,14 @@ class ValueModel(nn.Module):
         """values [B, T] float32: ``values[:, t] = V(tokens[:t + 1])``, the head on position t's hidden
         state (the state AFTER token t). For values aligned with action tokens use :meth:`token_values`.
         ``packed``: the backbone runs on the rows laid end to end (:mod:`sao.rl.learner.packing`)."""
-        hidden = trunk_hidden(self.backbone, input_ids, attention_mask, packed)
-        return self.head(hidden.float()).squeeze(-1)
+        return self.head_values(trunk_hidden(self.backbone, input_ids, attention_mask, packed))
+
+    def head_values(self, hidden: Tensor) -> Tensor:
+        """The head on hidden states [..., H]: values [...] float32; a closed-form head's are clipped to
+        the range of the targets it was fitted on (:meth:`~sao.rl.learner.ridge_head.RidgeHead.bound`)."""
+        values = self.head(hidden.float()).squeeze(-1)
+        fit = getattr(self, "head_fit", None)
+        return values if fit is None else fit.bound(values)
 
     def token_values(self, input_ids: Tensor, attention_mask: Tensor, packed: bool = False) -> tuple[Tensor, Tensor]:
         """Token-aligned values and the final-state value, for GAE.
