@@ -197,13 +197,15 @@ class AbortingEngine(FakeEngine):
 
 def answering(logprob: float):  # type: ignore[no-untyped-def]
     """Always the right answer, or its rest when the prompt already ends with a start of it (a moved
-    request's continuation); every second question is a straggler (0.8 s), the rest take 0.05 s."""
+    request's continuation); every second question is a straggler (3 s), the rest take 0.05 s. A straggler
+    must still be running when a step ends: the update took 0.14 s alone and 0.6-0.9 s under load, and a CI
+    run with stragglers of 0.8 s made no move."""
     def respond(request: dict, prompt: str) -> Reply:
         full = f"The answer is \\boxed{{{_answer(prompt)}}}."
         said = prompt.rsplit("assistant\n", 1)[-1]
         if said and full.startswith(said):
             return Reply(text=full[len(said):], logprob=logprob, delay_s=0.05)
-        return Reply(text=full, logprob=logprob, delay_s=0.8 if _answer(prompt) % 2 else 0.05)
+        return Reply(text=full, logprob=logprob, delay_s=3.0 if _answer(prompt) % 2 else 0.05)
     return respond
 
 
