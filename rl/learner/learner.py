@@ -353,7 +353,7 @@ class Learner:
         norm = self.share.normalizer(batch.action_mask)  # the whole batch's, on every rank
         loss_total, n_mb = self._policy_backward(self.share.local(batch), loss_fn, norm, sums)
         sums, loss_total, n_mb = self.share.reduce(self.policy.parameters(), sums, loss_total, n_mb)
-        return self._policy_apply(sums, loss_total, n_mb, batch.num_action_tokens)
+        return _policy_apply(self, sums, loss_total, n_mb, batch.num_action_tokens)
 
     # ---- a policy step over micro-batches that arrive one by one (RolloutPipe's CGP) -------------
 
@@ -390,7 +390,7 @@ class Learner:
         for param in self.policy.parameters():
             if param.grad is not None:
                 param.grad.div_(norm)
-        metrics = self._policy_apply(st.sums, st.loss / norm, st.micro_batches, st.action_tokens)
+        metrics = _policy_apply(self, st.sums, st.loss / norm, st.micro_batches, st.action_tokens)
         return {**metrics, "policy/parts": float(st.parts)}
 
     def _policy_backward(self, batch: Batch, loss_fn: PolicyLoss, norm: float,
@@ -415,15 +415,16 @@ class Learner:
                 sums[k] += v * mb.num_action_tokens
         return loss_total, n_mb
 
-    def _policy_apply(self, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int) -> dict[str, float]:
-        """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip or float("inf"))
-        lr = self.policy_optimizer.param_groups[0]["lr"]
-        self.policy_optimizer.step()
-        self.policy_scheduler.step()
-        self.policy_optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter, not held while the critic trains
-        n = max(tokens, 1)
-        return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total, "optim/lr": lr,
-                "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
-                "policy/action_tokens": tokens}
 
+def _policy_apply(learner: Learner, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int
+                  ) -> dict[str, float]:
+    """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(learner.policy.parameters(), learner.config.grad_clip or float("inf"))
+    lr = learner.policy_optimizer.param_groups[0]["lr"]
+    learner.policy_optimizer.step()
+    learner.policy_scheduler.step()
+    learner.policy_optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter, not held while the critic trains
+    n = max(tokens, 1)
+    return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total, "optim/lr": lr,
+            "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
+            "policy/action_tokens": tokens}
