@@ -67,6 +67,10 @@ class CriticAlgoConfig(AlgoConfig):
     # trained critic: the ridge penalty on standardised features, or null
     value_head_ridge: float | None = None
     value_head_decay: float = 1.0
+    # false: a batch whose rewards are all equal trains the critic but takes no policy step (it says nothing
+    # about which actions are better, yet its critic-error advantages move the policy a full Adam step:
+    # docs/results/critic.md); true: every batch steps, as the paper
+    step_on_equal_rewards: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

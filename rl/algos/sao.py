@@ -47,10 +47,15 @@ class SAO(Stateless):
         batch = batch.to(learner.device)
         metrics, values = self.critic_steps(learner, batch)
         advantages = self.advantages(learner, batch, values)
-        metrics |= learner.policy_step(batch, advantages, self.loss)
+        metrics |= learner.policy_step(batch, advantages, self.loss, apply=self.steps_on(batch))
         act = batch.action_mask.bool()
         metrics["adv/mean"] = float(advantages[act].mean()) if act.any() else 0.0
         return metrics
+
+    def steps_on(self, batch: Batch) -> bool:
+        """Whether ``batch`` takes a policy step: always, unless ``step_on_equal_rewards`` is false and
+        every reward in it is the same (the whole batch's, so every data-parallel rank agrees)."""
+        return self.config.step_on_equal_rewards or bool((batch.rewards != batch.rewards[0]).any())
 
     def critic_steps(self, learner: Learner, batch: Batch) -> tuple[dict[str, float], tuple[Tensor, Tensor]]:
         """``ttur_k`` value steps on one target and one clipping anchor, both from the values before the

@@ -338,9 +338,10 @@ class Learner:
 
     # ---- policy ----------------------------------------------------------------------------------
 
-    def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss) -> dict[str, float]:
+    def policy_step(self, batch: Batch, advantages: Tensor, loss_fn: PolicyLoss, apply: bool = True) -> dict[str, float]:
         """One policy optimizer step with ``loss_fn`` (any :class:`PolicyLoss`, e.g.
-        :class:`sao.rl.algos.DISLoss` against ``batch.rollout_logprobs``).
+        :class:`sao.rl.algos.DISLoss` against ``batch.rollout_logprobs``); ``apply=False``: the same metrics,
+        the gradients dropped, no optimizer or schedule step (``policy/stepped`` 0).
 
         advantages: [B, T], token-aligned. Gradients are accumulated exactly over micro-batches of
         ``config.token_budget`` tokens. Metrics: ``loss/policy``, ``dis/*``, ``grad_norm/policy``,
@@ -353,7 +354,7 @@ class Learner:
         norm = self.share.normalizer(batch.action_mask)  # the whole batch's, on every rank
         loss_total, n_mb = self._policy_backward(self.share.local(batch), loss_fn, norm, sums)
         sums, loss_total, n_mb = self.share.reduce(self.policy.parameters(), sums, loss_total, n_mb)
-        return _policy_apply(self, sums, loss_total, n_mb, batch.num_action_tokens)
+        return _policy_apply(self, sums, loss_total, n_mb, batch.num_action_tokens, apply)
 
     # ---- a policy step over micro-batches that arrive one by one (RolloutPipe's CGP) -------------
 
@@ -416,15 +417,17 @@ class Learner:
         return loss_total, n_mb
 
 
-def _policy_apply(learner: Learner, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int
-                  ) -> dict[str, float]:
-    """Clip, step, and the step's metrics (token-weighted means of the micro-batch metrics)."""
+def _policy_apply(learner: Learner, sums: dict[str, float], loss_total: float, n_mb: int, tokens: int,
+                  apply: bool = True) -> dict[str, float]:
+    """Clip, step (unless not ``apply``), and the step's metrics (token-weighted means of the micro-batch
+    metrics)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(learner.policy.parameters(), learner.config.grad_clip or float("inf"))
     lr = learner.policy_optimizer.param_groups[0]["lr"]
-    learner.policy_optimizer.step()
-    learner.policy_scheduler.step()
+    if apply:
+        learner.policy_optimizer.step()
+        learner.policy_scheduler.step()
     learner.policy_optimizer.zero_grad(set_to_none=True)  # 4 bytes a parameter, not held while the critic trains
     n = max(tokens, 1)
     return {**{k: v / n for k, v in sums.items()}, "loss/policy": loss_total, "optim/lr": lr,
             "grad_norm/policy": float(grad_norm), "policy/micro_batches": n_mb,
-            "policy/action_tokens": tokens}
+            "policy/action_tokens": tokens, "policy/stepped": float(apply)}
