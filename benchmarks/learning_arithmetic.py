@@ -1,7 +1,7 @@
 """SAO vs GRPO with DIS vs GRPO on generated arithmetic: held-out accuracy at equal samples. Not in CI.
 
     .venv/bin/python benchmarks/learning_arithmetic.py [--budget 432] [--seeds 1,2,3,4,5] [--algos sao,grpo_dis]
-        [--lora] [--eval-problems N] [--out runs/learning_arithmetic] [--set KEY=VALUE ...]
+        [--lora] [--skip-equal] [--eval-problems N] [--out runs/learning_arithmetic] [--set KEY=VALUE ...]
 
 What runs. Every run is ``sao-train``'s composed default configuration (Hydra compose of
 ``config``, so it follows whatever the defaults become: lr, env, batch, engine dtype) with only
@@ -12,6 +12,7 @@ the logging. Every algorithm sees the same number of trajectories (``--budget``)
 variants take ``budget / batch`` steps of ``batch / group`` prompts x ``group``. ``--lora`` adds
 ``sao+lora``: SAO with ``model.lora.rank=8`` and ``optim.lr=--lora-lr`` (2e-4, the top of the
 the 1e-4..2e-4 range for LoRA in docs/guides/train.md), on ``--lora-seeds`` (default one seed: fewer than the others).
+``--skip-equal`` adds ``sao-skip-equal``: SAO with ``algo.step_on_equal_rewards=false``, on ``--seeds``.
 
 One managed local vLLM, started in dev mode from an untied copy of the model in the composed
 ``model.engine_dtype`` (``OUT/engine_model``, as sao-train's own engines), serves every
@@ -565,6 +566,9 @@ def main() -> int:
     parser.add_argument("--eval-problems", type=int, default=None, help="default: the composed eval.problems")
     parser.add_argument("--lora", action="store_true", help="add sao+lora (model.lora.rank=8)")
     parser.add_argument("--lora-seeds", default="1")
+    parser.add_argument("--skip-equal", action="store_true",
+                        help="add sao-skip-equal: SAO with algo.step_on_equal_rewards=false (no policy step on a batch "
+                             "whose rewards are all equal; the critic still trains on it), on --seeds")
     parser.add_argument("--lora-lr", type=float, default=2e-4)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override applied to every run and the engine (e.g. for a GPU: device=cuda)")
@@ -585,6 +589,8 @@ def main() -> int:
     arms = [Arm(a, a) for a in args.algos.split(",")]
     if args.lora:
         arms.append(Arm("sao+lora", "sao", ("model.lora.rank=8", f"optim.lr={args.lora_lr}")))
+    if args.skip_equal:
+        arms.append(Arm("sao-skip-equal", "sao", ("algo.step_on_equal_rewards=false",)))
     # every configuration is built (and every existing folder checked) before the engine starts
     jobs = [Job(arm, seed, args.out / f"{arm.slug}-seed{seed}", build_config(arm, seed, args, "http://unset"))
             for seed in sorted(set(seeds) | set(lora_seeds)) for arm in arms
