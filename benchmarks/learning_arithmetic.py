@@ -52,9 +52,10 @@ and at the last step; x is the trajectories seen at that point (critic batches i
 - ``OUT/summary.json``: all of it, per seed and aggregated; ``OUT/curves.png``: sao-report's
   training panels (reward, losses, DIS mask, ...) against trajectories, per algorithm.
 
-Sizing (defaults, 2 cores): about 16 s per batch of 8 and 40 s per evaluation of 200 problems
-(measured on 2026-12 runs); 432 trajectories (3x the main job's 144) = 54 batches, 5 evaluations:
-about 18 min a run, 10 runs about 3 h, so the benchmark spans sessions: the per-run folders under
+Sizing (defaults, 2 cores): on a 2-core AMD EPYC without AMX about 46 s per batch of 8 and 94 s per
+evaluation of 200 problems (2026-12-07: sao seed 1 took 2,950 s); on an AMX Xeon about 16 s and 40 s.
+432 trajectories (3x the main job's 144) = 54 batches, 5 evaluations: about 50 min a run on the EPYC, 15 runs
+(3 arms x 5 seeds) about 12 h, so the benchmark spans sessions: the per-run folders under
 ``--out`` (keep them outside the checkout) are what it resumes from. The script prints its own estimate
 from these figures before it starts.
 """
@@ -87,8 +88,10 @@ from sao.rl.training.metrics_log import read_jsonl
 
 log = logging.getLogger("learning_arithmetic")
 
-# measured on 2 busy cores with the defaults (batch 8, SmolLM2-135M): for the printed estimate only
-STEP_S, EVAL_S_PER_PROBLEM, RUN_OVERHEAD_S, ENGINE_START_S = 16.0, 40.0 / 200, 20.0, 60.0
+# for the printed estimate only, with the defaults (batch 8, SmolLM2-135M) on a 2-core AMD EPYC without AMX
+# (2026-12-07, sao seed 1: 2,950 s for 54 batches and 5 evaluations of 200 problems, 74-154 s each); a 2-core
+# AMX Xeon took about 16 s a batch and 40 s an evaluation
+STEP_S, EVAL_S_PER_PROBLEM, RUN_OVERHEAD_S, ENGINE_START_S = 46.0, 94.0 / 200, 20.0, 60.0
 
 @dataclass(frozen=True)
 class Arm:
