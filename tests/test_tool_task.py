@@ -5,8 +5,10 @@ are logged for held-out evaluations and training batches. The real run is tests/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from sao.rl.errors import TrainError
 from sao.rl.rollout.sources import rollout_metrics
 from sao.rl.training.early_stop import CurvePoint, Patience
 from sao.rl.training.heldout import HeldOutEval, episode_turns, load_results
+from sao.rl.training.phase_engine import export_untied, shares_engine
 from sao.rl.training.phases import Handover, run_phases, warm_start_config
 from sao.rl.warm_start import arithmetic_tool
 from test_train import FAST, composed
@@ -166,6 +169,50 @@ def test_a_crash_in_the_warm_start_resumes_the_warm_start(tmp_path: Path) -> Non
     run_phases(tool_task(tmp_path, "resume=true"), tmp_path, resumed)
     assert [(c.algo.name, c.resume, d.name) for c, d in resumed.calls] == [("sft", True, "warm_start"),
                                                                             ("sao", True, tmp_path.name)]
+
+
+class FakeEngine:
+    """``phase_engine``'s stand-in: records when it starts and stops, and serves ``http://shared:1``."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    @contextlib.contextmanager
+    def __call__(self, cfg: TrainConfig, run_dir: Path) -> Iterator[TrainConfig]:
+        self.events.append("start")
+        try:
+            yield replace(cfg, engine=replace(cfg.engine, base_url="http://shared:1", served_name="m"))
+        finally:
+            self.events.append("stop")
+
+
+def test_both_phases_run_on_the_one_engine_started_for_them_and_it_stops_after_a_crash(tmp_path: Path) -> None:
+    train, engine = FakePhases(), FakeEngine()
+    run_phases(tool_task(tmp_path), tmp_path, train, engine=engine)
+    assert [(c.algo.name, c.engine.base_url, c.engine.served_name) for c, _ in train.calls] == [
+        ("sft", "http://shared:1", "m"), ("sao", "http://shared:1", "m")]
+    assert engine.events == ["start", "stop"]
+    crashed, engine = FakePhases(crash_at=2), FakeEngine()
+    with pytest.raises(RuntimeError, match="killed"):
+        run_phases(tool_task(tmp_path / "b"), tmp_path / "b", crashed, engine=engine)
+    assert engine.events == ["start", "stop"]
+    refused = FakeEngine()  # a folder that holds a run is refused before any engine starts
+    with pytest.raises(TrainError, match="already holds a run"):
+        run_phases(tool_task(tmp_path), tmp_path, FakePhases(), engine=refused)
+    assert refused.events == []
+
+
+def test_one_engine_is_shared_only_where_each_phase_would_start_one_local_engine() -> None:
+    cfg = composed("experiment=tool-task")
+    assert shares_engine(cfg)
+    assert not shares_engine(composed("experiment=tool-task", "engine.base_url=http://h:1"))
+    assert not shares_engine(composed("experiment=tool-task", "rollout=async", "rollout.replicas=2"))
+    assert shares_engine(composed("experiment=tool-task", "rollout=async"))
+
+
+def test_the_shared_engines_model_copy_failing_is_a_train_error(tmp_path: Path) -> None:
+    with pytest.raises(TrainError, match="could not export /nonexistent/model"):
+        export_untied("/nonexistent/model", tmp_path / "out", "float32")
 
 
 def test_a_bad_rl_config_fails_before_the_warm_start_runs(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """The tool task's one command for real (issue 35): ``sao-train experiment=tool-task`` with small sizes, SmolLM2-135M
-on the session's vLLM. Phase 1 (SFT on the scripted demonstrations) teaches the tool-call format, phase 2 (SAO)
-starts from its best model; the held-out records show a tool call and the answer in separate turns, and tool
-calls and turns are logged. The rules with fakes: tests/test_tool_task.py; the full-size run's numbers:
-docs/guides/warm-start.md."""
+on the one vLLM the command starts for both phases. Phase 1 (SFT on the scripted demonstrations) teaches the
+tool-call format, phase 2 (SAO) starts from its best model; the held-out records show a tool call and the answer
+in separate turns, and tool calls and turns are logged. The rules with fakes: tests/test_tool_task.py; the
+full-size run's numbers: docs/guides/warm-start.md."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.faults.procs import SAO_TRAIN, jsonl
@@ -18,21 +19,24 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.
 
 
 @pytest.mark.timeout(1200)
-def test_the_tool_task_command_warm_starts_then_runs_sao_with_tool_calls_in_the_records(restore_engine,
-                                                                                          tmp_path: Path) -> None:
-    server = restore_engine
+def test_the_tool_task_command_warm_starts_then_runs_sao_with_tool_calls_in_the_records(tmp_path: Path) -> None:
     run = tmp_path / "run"
     # 4 steps of 8 demonstrations at lr 2e-4 teach the format (measured 2026-12-06 on 100 held-out problems: 0.00
     # at step 2, the call made and repeated; 1.00 at step 4, call then answer); no ceiling here, so that the model
     # handed over is that one (lr 1e-3 broke the model in one step)
     args = ["experiment=tool-task", f"output_dir={run}", "max_steps=2", "batch_size=4", "value_pretrain_steps=1",
             "eval.problems=16", "warm_start.max_steps=4", "warm_start.eval_every=2", "warm_start.lr=2e-4",
-            "warm_start.stop_above=null",
-            f"engine.base_url={server.root_url}", f"engine.served_name={server.model_name}", "logger=[]"]
+            "warm_start.stop_above=null", "logger=[]"]  # no engine.base_url: the command starts its own
     done = subprocess.run([SAO_TRAIN, *args], capture_output=True, text=True, timeout=1100)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     warm = run / "warm_start"
+    # both phases ran on the one engine the command started for them (sao.rl.training.phase_engine), gone now
+    [first_engine], [second_engine] = (json.loads((d / "engines.json").read_text()) for d in (warm, run))
+    assert first_engine["url"] == second_engine["url"] and not first_engine["managed"]
+    assert (run / "vllm.log").stat().st_size > 0 and not (warm / "vllm.log").exists()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(first_engine["url"] + "/health", timeout=5)
     handover = json.loads((warm / "handover.json").read_text())
     assert (warm / "best_model" / "model.safetensors").exists() and handover["best_model"] == str(
         (warm / "best_model").resolve())

@@ -95,6 +95,7 @@ def _main(cfg: DictConfig) -> float | None:
     _composed = True
     from sao.agents.engine.watch import EngineRestartsExhausted
     from sao.rl.training.build import run_training
+    from sao.rl.training.phase_engine import phase_engine
     from sao.rl.training.phases import run_phases
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step lines
@@ -102,7 +103,8 @@ def _main(cfg: DictConfig) -> float | None:
     try:
         config = to_config(cfg)
         config.output_dir = str(run_dir)
-        last = run_phases(config, run_dir, run_training)  # a warm start first (warm_start=...), then the run
+        # a warm start first (warm_start=...), both phases on one engine, then the run
+        last = run_phases(config, run_dir, run_training, engine=phase_engine)
     except (ConfigError, TrainError, CheckpointError, EngineRestartsExhausted) as exc:
         log.error("%s", exc)
         advice = ""

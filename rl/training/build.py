@@ -86,7 +86,7 @@ class Engine:
                 "log": str(s.log_path) if s and s.log_path else None}
 
 
-def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None,
+def server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None,
                    env: dict[str, str] | None = None) -> VLLMServerConfig:
     """How each managed engine starts (on this machine, or in a replica's actor on its node)."""
     return VLLMServerConfig(
@@ -121,7 +121,7 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
             # on a CPU-only machine: several engines each their own cores (vLLM alone pins all to the same);
             # a lone one on a small machine all of them, unless the learner trains while it generates
             cores = cpu_share(i, n, beside_learner=cfg.rollout.mode != "sync")
-            server = VLLMServer(_server_config(cfg, model_path, served, log_path, cores))
+            server = VLLMServer(server_config(cfg, model_path, served, log_path, cores))
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)
@@ -141,7 +141,7 @@ def _ray_engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int, serve
     if c.weights == "shared_dir" and not run_dir.resolve().is_relative_to(Path(c.shared_dir or "/").resolve()):
         raise ConfigError(f"cluster.weights=shared_dir: the run folder {run_dir.resolve()} must lie under "
                           f"cluster.shared_dir={c.shared_dir}, which every node mounts at the same path")
-    launch = VLLMLaunch(_server_config(cfg, model_path, served, None))
+    launch = VLLMLaunch(server_config(cfg, model_path, served, None))
     with RayFleet(c, n, launch, Path(model_path), run_id=f"{run_dir.name}-{uuid.uuid4().hex[:8]}",
                   start_timeout_s=cfg.engine.startup_timeout_s) as fleet:
         write_engines(run_dir, fleet.engines)

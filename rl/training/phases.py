@@ -10,11 +10,13 @@
 A resumed run (``resume=true``) whose ``handover.json`` exists goes straight to phase 2 (which resumes from
 its own checkpoint): a crash in phase 2 never redoes the warm start. Without the hand-over, phase 1 resumes
 from its checkpoint. Each phase is :func:`sao.rl.training.build.run_training`, unchanged; both configurations
-are checked before anything slow starts.
+are checked before anything slow starts. ``sao-train`` runs both phases on one engine where each would start
+its own (:mod:`sao.rl.training.phase_engine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -35,6 +37,8 @@ WARM_START = "warm_start"  # phase 1's folder inside the run folder
 HANDOVER = "handover.json"
 
 Train = Callable[[TrainConfig, Path], dict[str, Any]]  # run_training's shape
+# phase_engine's shape: (cfg, run_dir) -> a context giving cfg on the engine both phases use
+EngineStarter = Callable[[TrainConfig, Path], contextlib.AbstractContextManager[TrainConfig]]
 
 
 @dataclass(frozen=True)
@@ -78,16 +82,27 @@ def check(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def run_phases(cfg: TrainConfig, run_dir: Path, train: Train) -> dict[str, Any]:
+def run_phases(cfg: TrainConfig, run_dir: Path, train: Train, engine: EngineStarter | None = None) -> dict[str, Any]:
     """The run in ``run_dir``, after its warm start when ``cfg.warm_start`` is set (module doc); the last
-    step's metrics."""
+    step's metrics. ``engine``: how both phases get one engine (``sao-train``:
+    :func:`sao.rl.training.phase_engine.phase_engine`); None: each phase starts its own."""
     if cfg.warm_start is None:
         return train(cfg, run_dir)
     run_dir, folder = Path(run_dir), Path(run_dir) / WARM_START
-    first = check(warm_start_config(cfg, cfg.warm_start, folder))
+    check(warm_start_config(cfg, cfg.warm_start, folder))
     check(rl_config(cfg, folder / BEST_MODEL))  # before the warm start: its error would come after it
     if not cfg.resume:
         refuse_to_overwrite(run_dir)
+    if engine is None:
+        return _both_phases(cfg, run_dir, train)
+    with engine(cfg, run_dir) as served:
+        return _both_phases(served, run_dir, train)
+
+
+def _both_phases(cfg: TrainConfig, run_dir: Path, train: Train) -> dict[str, Any]:
+    assert cfg.warm_start is not None
+    folder = run_dir / WARM_START
+    first = warm_start_config(cfg, cfg.warm_start, folder)
     handover = Handover.read(folder / HANDOVER) if cfg.resume else None
     if handover is None:
         log.info("phase 1 of 2: the warm start from demonstrations in %s", folder)
