@@ -117,13 +117,13 @@ def tool_task(tmp_path: Path, *overrides: str) -> TrainConfig:
 def test_the_tool_task_config_is_sao_on_the_tool_env_after_a_warm_start() -> None:
     cfg = composed("experiment=tool-task")
     assert (cfg.algo.name, cfg.env.kwargs["tools"], cfg.env.max_turns) == ("sao", "python", 3)
-    assert cfg.warm_start == WarmStartConfig() and cfg.eval.problems >= 100
+    assert cfg.warm_start == WarmStartConfig() and cfg.eval.problems == 64
     seeded = composed("experiment=tool-task", "rollout=async", "seed=3")
     first = warm_start_config(seeded, cfg.warm_start, Path("w"))
     assert isinstance(first.algo, SFTConfig) and first.algo.demonstrator == "arithmetic_tool"
     assert (first.max_steps, first.batch_size, first.optim.lr, first.value_pretrain_steps) == (16, 8, 1e-4, 0)
     assert (first.eval.every, first.eval.patience, first.eval.stop_above, first.eval.problems, first.rollout.mode) == (
-        1, 2, 0.8, 100, "sync")
+        1, 2, 0.8, 64, "sync")
     assert (first.seed, first.env, first.warm_start, first.output_dir) == (3, seeded.env, None, "w")
     assert composed().warm_start is None
     with pytest.raises(ConfigError, match="warm_start"):
