@@ -86,7 +86,7 @@ class Engine:
                 "log": str(s.log_path) if s and s.log_path else None}
 
 
-def server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None,
+def _server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path | None,
                    env: dict[str, str] | None = None) -> VLLMServerConfig:
     """How each managed engine starts (on this machine, or in a replica's actor on its node)."""
     return VLLMServerConfig(
@@ -95,6 +95,19 @@ def server_config(cfg: TrainConfig, model_path: str, served: str, log_path: Path
         extra_args=tuple(cfg.engine.extra_args), speculative=cfg.engine.speculative_config(),
         token_route=cfg.engine.token_route, startup_timeout_s=cfg.engine.startup_timeout_s, log_path=log_path,
         env=env or {}, nice=cfg.engine.nice)
+
+
+def engine_count(cfg: TrainConfig) -> int:
+    """How many engines a run uses: one with ``rollout=sync``, else ``rollout.replicas``."""
+    return 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
+
+
+def managed_server(cfg: TrainConfig, model_path: str, served: str, log_path: Path, i: int, n: int) -> VLLMServer:
+    """Replica ``i`` of ``n`` managed engines on this machine, not yet started. On a CPU-only machine: several
+    engines each their own cores (vLLM alone pins all to the same); a lone one on a small machine all of them,
+    unless the learner trains while it generates (:func:`sao.agents.engine.fleet.cpu_share`)."""
+    cores = cpu_share(i, n, beside_learner=cfg.rollout.mode != "sync")
+    return VLLMServer(_server_config(cfg, model_path, served, log_path, cores))
 
 
 @contextlib.contextmanager
@@ -118,10 +131,7 @@ def _engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int) -> Iterat
         engines = []
         for i in range(n):
             log_path = run_dir / ("vllm.log" if n == 1 else f"vllm-{i}.log")
-            # on a CPU-only machine: several engines each their own cores (vLLM alone pins all to the same);
-            # a lone one on a small machine all of them, unless the learner trains while it generates
-            cores = cpu_share(i, n, beside_learner=cfg.rollout.mode != "sync")
-            server = VLLMServer(server_config(cfg, model_path, served, log_path, cores))
+            server = managed_server(cfg, model_path, served, log_path, i, n)
             stack.enter_context(server)
             engines.append(Engine(server.root_url, server))
         write_engines(run_dir, engines)
@@ -141,7 +151,7 @@ def _ray_engines(cfg: TrainConfig, model_path: str, run_dir: Path, n: int, serve
     if c.weights == "shared_dir" and not run_dir.resolve().is_relative_to(Path(c.shared_dir or "/").resolve()):
         raise ConfigError(f"cluster.weights=shared_dir: the run folder {run_dir.resolve()} must lie under "
                           f"cluster.shared_dir={c.shared_dir}, which every node mounts at the same path")
-    launch = VLLMLaunch(server_config(cfg, model_path, served, None))
+    launch = VLLMLaunch(_server_config(cfg, model_path, served, None))
     with RayFleet(c, n, launch, Path(model_path), run_id=f"{run_dir.name}-{uuid.uuid4().hex[:8]}",
                   start_timeout_s=cfg.engine.startup_timeout_s) as fleet:
         write_engines(run_dir, fleet.engines)
@@ -260,11 +270,11 @@ async def _train(cfg: TrainConfig, run_dir: Path, sinks: list[MetricsSink], trac
     loop = LoopConfig(max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens,
                       max_tokens_per_turn=cfg.env.max_tokens_per_turn, max_model_len=cfg.engine.max_model_len,
                       temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
-    n = 1 if cfg.rollout.mode == "sync" else cfg.rollout.replicas
+    n = engine_count(cfg)
     # managed engines start from an untied copy of the policy, so that every sync moves their LM head
     # too (sao.rl.weights.sync module doc); external ones must have been started from such a copy
     engine_model = str(await thread.run(export_engine_model, learner.policy, Path(model_path),
-                                        RunFiles(run_dir).root / "engine_model", dtype=getattr(torch, cfg.model.engine_dtype)))
+                                        RunFiles(run_dir).engine_model, dtype=getattr(torch, cfg.model.engine_dtype)))
     with _engines(cfg, engine_model, run_dir, n) as (engines, served):
         roots = [e.root for e in engines]
         async with contextlib.AsyncExitStack() as stack:

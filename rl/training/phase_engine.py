@@ -12,7 +12,7 @@ and both phases use it as an external engine:
   the same copy into (written once);
 - each phase, like any run on an external engine, first syncs its own initial weights into it (phase 2:
   the warm-started model, or its checkpoint on a resume), so nothing of phase 1 leaks into phase 2;
-- its cores are the ones the run's own engine would get (:func:`sao.agents.engine.fleet.cpu_share`);
+- it starts as the run's own engine would (:func:`sao.rl.training.build.managed_server`: the same cores);
 - its log is ``RUN_DIR/vllm.log``; it is stopped when the run ends, also on a crash.
 
 Otherwise (an external engine given, Ray, several replicas) each phase keeps its own engines.
@@ -29,13 +29,14 @@ from pathlib import Path
 
 from sao.rl.config import TrainConfig
 from sao.rl.errors import TrainError
+from sao.rl.training.build import engine_count, managed_server
 from sao.rl.training.phases import WARM_START
+from sao.rl.training.run_folder import RunFiles
 
 
 def shares_engine(cfg: TrainConfig) -> bool:
     """Whether each phase would start one local engine of its own (then :func:`phase_engine` starts one)."""
-    return (cfg.engine.base_url is None and cfg.cluster.kind == "local"
-            and (cfg.rollout.mode == "sync" or cfg.rollout.replicas == 1))
+    return cfg.engine.base_url is None and cfg.cluster.kind == "local" and engine_count(cfg) == 1
 
 
 def export_untied(model: str, out: Path, dtype: str) -> Path:
@@ -54,12 +55,9 @@ def phase_engine(cfg: TrainConfig, run_dir: Path) -> Iterator[TrainConfig]:
     if not shares_engine(cfg):
         yield cfg
         return
-    from sao.agents.engine import VLLMServer, cpu_share
-    from sao.rl.training.build import server_config
-
     run_dir = Path(run_dir)
     served = cfg.engine.served_name or cfg.model.name
-    model = export_untied(cfg.model.name, run_dir / WARM_START / "engine_model", cfg.model.engine_dtype)
-    cores = cpu_share(0, 1, beside_learner=cfg.rollout.mode != "sync")
-    with VLLMServer(server_config(cfg, str(model), served, run_dir / "vllm.log", cores)) as server:
+    model = export_untied(cfg.model.name, RunFiles(run_dir / WARM_START).engine_model,
+                          cfg.model.engine_dtype)
+    with managed_server(cfg, str(model), served, run_dir / "vllm.log", 0, 1) as server:
         yield replace(cfg, engine=replace(cfg.engine, base_url=server.root_url, served_name=served))

@@ -55,6 +55,11 @@ class RunFiles:
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
+    @property
+    def engine_model(self) -> Path:
+        """The untied copy of the run's initial model its engine starts from (written once)."""
+        return self.root / "engine_model"
+
 
 def refuse_to_overwrite(run_dir: Path) -> None:
     """:class:`TrainError` when ``run_dir`` already holds a run (a non-empty ``metrics.jsonl``)."""
